@@ -1,0 +1,189 @@
+"""Segmentation quality measures: confusion matrix, IoU, label-map change.
+
+All functions work on label maps of class indices where ``255`` marks ignore
+(void ground truth, or a pseudo-label pixel left undecided).
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+__all__ = [
+    "confusion_matrix",
+    "iou_from_confusion",
+    "changed_share",
+    "ignore_share",
+    "ConfusionAccumulator",
+]
+
+
+def _check_same_shape(a, b, name_a, name_b):
+    a = np.asarray(a)
+    b = np.asarray(b)
+    if a.shape != b.shape:
+        raise ValueError(
+            f"{name_a} has shape {a.shape} but {name_b} has shape {b.shape}; "
+            f"pass two label maps of the same shape."
+        )
+    return a, b
+
+
+def confusion_matrix(pred, gt, n_classes, *, ignore_index=255):
+    """Count (ground truth, prediction) pairs.
+
+    Parameters
+    ----------
+    pred : (...) integer array
+        Predicted class per pixel, in ``0..n_classes-1``; ``ignore_index``
+        marks an undecided pixel. Any other value also counts as undecided.
+    gt : (...) integer array, same shape as `pred`
+        Ground-truth class per pixel; pixels equal to `ignore_index` (void)
+        are skipped.
+    n_classes : int
+        Number of classes K.
+    ignore_index : int, optional
+        The ignore value in both maps.
+
+    Returns
+    -------
+    conf : (K, K + 1) int64
+        ``conf[g, p]`` = number of pixels of true class g predicted as p; the
+        last column counts pixels of true class g the prediction left
+        undecided. Those count as wrong in :func:`iou_from_confusion`.
+
+    Raises
+    ------
+    ValueError
+        If the shapes differ, `n_classes` < 1, or `gt` holds a value outside
+        ``0..K-1`` that is not `ignore_index`.
+
+    Examples
+    --------
+    >>> confusion_matrix(np.array([0, 1, 255]), np.array([0, 0, 1]), 2)
+    array([[1, 1, 0],
+           [0, 0, 1]])
+    """
+    pred, gt = _check_same_shape(pred, gt, "pred", "gt")
+    n_classes = int(n_classes)
+    if n_classes < 1:
+        raise ValueError(f"n_classes must be >= 1, got {n_classes}.")
+    gt = gt.ravel().astype(np.int64)
+    pred = pred.ravel().astype(np.int64)
+    keep = gt != ignore_index
+    gt, pred = gt[keep], pred[keep]
+    if gt.size and (gt.min() < 0 or gt.max() >= n_classes):
+        bad = gt[(gt < 0) | (gt >= n_classes)][0]
+        raise ValueError(
+            f"gt holds class {bad}, outside 0..{n_classes - 1}; "
+            f"pass the right n_classes or map void to ignore_index={ignore_index}."
+        )
+    # Any prediction outside the class range is "undecided": last column.
+    pred = np.where((pred < 0) | (pred >= n_classes), n_classes, pred)
+    flat = gt * (n_classes + 1) + pred
+    counts = np.bincount(flat, minlength=n_classes * (n_classes + 1))
+    return counts.reshape(n_classes, n_classes + 1).astype(np.int64)
+
+
+def iou_from_confusion(conf):
+    """Per-class intersection over union and its mean.
+
+    Parameters
+    ----------
+    conf : (K, K + 1) or (K, K) integer array
+        As returned by :func:`confusion_matrix` (rows = truth, columns =
+        prediction, optional last column = undecided predictions).
+
+    Returns
+    -------
+    per_class : (K,) float64
+        ``IoU_c = TP_c / (GT_c + PRED_c - TP_c)``, where ``GT_c`` is the row
+        sum (undecided predictions included: they are errors) and ``PRED_c``
+        the column sum. NaN for classes absent from both truth and prediction.
+    miou : float
+        Mean over the non-NaN entries (NaN if all are NaN).
+    """
+    conf = np.asarray(conf, dtype=np.float64)
+    if conf.ndim != 2 or conf.shape[1] not in (conf.shape[0], conf.shape[0] + 1):
+        raise ValueError(
+            f"conf must have shape (K, K) or (K, K + 1), got {conf.shape}; "
+            f"pass the output of confusion_matrix."
+        )
+    k = conf.shape[0]
+    tp = np.diag(conf[:, :k])
+    gt_total = conf.sum(axis=1)
+    pred_total = conf[:, :k].sum(axis=0)
+    union = gt_total + pred_total - tp
+    with np.errstate(invalid="ignore", divide="ignore"):
+        per_class = np.where(union > 0, tp / np.where(union > 0, union, 1), np.nan)
+    miou = float(np.nanmean(per_class)) if np.any(~np.isnan(per_class)) else float("nan")
+    return per_class, miou
+
+
+def changed_share(a, b):
+    """Share of pixels whose label differs between two label maps.
+
+    Parameters
+    ----------
+    a, b : (...) arrays of the same shape
+        Label maps (ignore values compared like any other label).
+
+    Returns
+    -------
+    share : float in [0, 1] (0.0 for empty maps).
+    """
+    a, b = _check_same_shape(a, b, "a", "b")
+    if a.size == 0:
+        return 0.0
+    return float(np.count_nonzero(a != b) / a.size)
+
+
+def ignore_share(label, *, ignore_index=255):
+    """Share of pixels of `label` equal to `ignore_index` (0.0 for empty maps)."""
+    label = np.asarray(label)
+    if label.size == 0:
+        return 0.0
+    return float(np.count_nonzero(label == ignore_index) / label.size)
+
+
+class ConfusionAccumulator:
+    """Sum confusion matrices over many images.
+
+    Parameters
+    ----------
+    n_classes : int
+    ignore_index : int, optional
+
+    Examples
+    --------
+    >>> acc = ConfusionAccumulator(2)
+    >>> acc.update(np.array([0, 1]), np.array([0, 1]))
+    >>> acc.miou
+    1.0
+    """
+
+    def __init__(self, n_classes, *, ignore_index=255):
+        self.n_classes = int(n_classes)
+        self.ignore_index = ignore_index
+        self.conf = np.zeros((self.n_classes, self.n_classes + 1), dtype=np.int64)
+
+    def update(self, pred, gt):
+        """Add one (prediction, ground truth) pair."""
+        self.conf += confusion_matrix(
+            pred, gt, self.n_classes, ignore_index=self.ignore_index
+        )
+
+    @property
+    def per_class(self):
+        """(K,) per-class IoU, NaN for classes never seen."""
+        return iou_from_confusion(self.conf)[0]
+
+    @property
+    def miou(self):
+        """Mean IoU over classes seen in truth or prediction."""
+        return iou_from_confusion(self.conf)[1]
+
+    @property
+    def pixel_accuracy(self):
+        """Share of non-void pixels predicted correctly (undecided = wrong)."""
+        total = self.conf.sum()
+        return float(np.trace(self.conf[:, : self.n_classes]) / total) if total else float("nan")

@@ -1,0 +1,97 @@
+import numpy as np
+import pytest
+
+from tasks.metrics import (
+    ConfusionAccumulator,
+    changed_share,
+    confusion_matrix,
+    ignore_share,
+    iou_from_confusion,
+)
+
+GT = np.array(
+    [
+        [0, 0, 1, 1],
+        [0, 0, 1, 1],
+        [2, 2, 255, 255],
+        [2, 2, 2, 2],
+    ],
+    dtype=np.uint8,
+)
+PRED = np.array(
+    [
+        [0, 1, 1, 1],
+        [0, 0, 1, 255],
+        [2, 0, 0, 0],
+        [2, 2, 2, 2],
+    ],
+    dtype=np.uint8,
+)
+
+
+def test_confusion_matrix_known_counts():
+    conf = confusion_matrix(PRED, GT, 4)
+    expected = np.array(
+        [
+            [3, 1, 0, 0, 0],
+            [0, 3, 0, 0, 1],  # one class-1 pixel left undecided (255)
+            [1, 0, 5, 0, 0],
+            [0, 0, 0, 0, 0],
+        ]
+    )
+    assert conf.dtype == np.int64
+    np.testing.assert_array_equal(conf, expected)
+    # The two void gt pixels (predicted 0) are skipped entirely.
+    assert conf.sum() == 14
+
+
+def test_iou_known_values_ignore_is_wrong_absent_is_nan():
+    per_class, miou = iou_from_confusion(confusion_matrix(PRED, GT, 4))
+    np.testing.assert_allclose(per_class[:3], [3 / 5, 3 / 5, 5 / 6])
+    assert np.isnan(per_class[3])
+    assert miou == pytest.approx((3 / 5 + 3 / 5 + 5 / 6) / 3)
+
+
+def test_ignore_prediction_counts_against_class():
+    gt = np.zeros((2, 2), np.uint8)
+    pred = np.array([[0, 0], [0, 255]], np.uint8)
+    per_class, miou = iou_from_confusion(confusion_matrix(pred, gt, 1))
+    assert per_class[0] == pytest.approx(3 / 4)
+    assert miou == pytest.approx(3 / 4)
+
+
+def test_perfect_prediction_gives_one():
+    _, miou = iou_from_confusion(confusion_matrix(GT, GT, 3))
+    assert miou == pytest.approx(1.0)
+
+
+def test_shape_mismatch_names_both_shapes():
+    with pytest.raises(ValueError, match=r"\(4, 4\).*\(2, 8\)"):
+        confusion_matrix(PRED, GT.reshape(2, 8), 4)
+    with pytest.raises(ValueError, match="shape"):
+        changed_share(PRED, PRED[:2])
+
+
+def test_gt_out_of_range_raises():
+    with pytest.raises(ValueError, match="n_classes"):
+        confusion_matrix(PRED, GT, 2)
+
+
+def test_changed_and_ignore_share():
+    assert changed_share(PRED, GT) == pytest.approx(5 / 16)
+    assert changed_share(GT, GT) == 0.0
+    assert ignore_share(GT) == pytest.approx(2 / 16)
+    assert ignore_share(PRED) == pytest.approx(1 / 16)
+
+
+def test_accumulator_equals_summed_confusion():
+    acc = ConfusionAccumulator(4)
+    acc.update(PRED, GT)
+    acc.update(GT, GT)
+    conf = confusion_matrix(PRED, GT, 4) + confusion_matrix(GT, GT, 4)
+    np.testing.assert_array_equal(acc.conf, conf)
+    per_class, miou = iou_from_confusion(conf)
+    np.testing.assert_allclose(acc.per_class, per_class)
+    assert acc.miou == pytest.approx(miou)
+    # IoU of class 0 over both images: TP 3+4, GT 4+4, PRED 4+4.
+    assert acc.per_class[0] == pytest.approx(7 / (8 + 8 - 7))
