@@ -1,0 +1,395 @@
+"""Global-local network for ultra-high-resolution segmentation (METHOD.md, section C).
+
+A patch of the image and the *coarse image* (the whole image resized to the patch size)
+go through the same backbone.  ROIAlign cuts the patch's region out of the coarse feature
+map, so every patch sees its own pixels in detail (F1) and its surroundings at low
+resolution (F2).  A pooling branch and a spatial-attention branch combine the two; a small
+head predicts the patch's classes, and the patches are stitched back by their corners.
+
+Shapes (``p`` = patch size, ``s`` = backbone stride = 4, ``h = w = p / s``, ``C = width``)::
+
+    patch (N, 3, p, p) --backbone--> F1 (N, C, h, w)
+    coarse (B, 3, p, p) --backbone--> G (B, C, h, w) --ROIAlign(box)--> F2 (N, C, h, w)
+    A1[n, c] = mean_W(F1)[n, c] (h, 1) @ mean_H(F1)[n, c] (1, w)      -> (N, C, h, w)
+    S = sigmoid(conv([conv3(M), conv7(M)])), M = [avg_c F1, max_c F1, avg_c F2, max_c F2]
+    F4 = F1 * S, F5 = F2 * S
+    F6 = [F1, F2, A1, A2, F4, F5] (6C) -> 1x1 reduce to C -> m x (3x3 conv-bn-relu)
+    F7 = [conv1x1(F6'), conv3x3(F6')] (C) -> 1x1 classifier -> bilinear x s -> (N, K, p, p)
+
+The pooling branch is the outer product, per channel, of the column of row means (average
+pooled along W) and the row of column means (average pooled along H): the matrix product of
+an (h, 1) and a (1, w) matrix.  ``use_global=False`` drops the coarse path (F2, A2, F5 and
+F2's maps in the spatial branch): the "patches without global context" ablation.
+"""
+
+from __future__ import annotations
+
+from typing import Callable, Sequence
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+
+from models.roi_align import roi_align
+from tasks.tiling import RowStitcher, Stitcher, extract_patches, patch_grid
+
+__all__ = ["CompactHRNet", "GlobalLocalNet", "global_local", "segment_large", "coarse_image",
+           "patch_boxes_in_coarse", "normalize"]
+
+IMAGENET_MEAN = (0.485, 0.456, 0.406)
+IMAGENET_STD = (0.229, 0.224, 0.225)
+
+
+def _conv_bn_relu(cin: int, cout: int, kernel: int = 3, stride: int = 1,
+                  norm_layer: Callable[[int], nn.Module] = nn.BatchNorm2d) -> nn.Sequential:
+    return nn.Sequential(nn.Conv2d(cin, cout, kernel, stride, kernel // 2, bias=False),
+                         norm_layer(cout), nn.ReLU(inplace=True))
+
+
+class BasicBlock(nn.Module):
+    """ResNet basic block (two 3x3 convolutions and an identity shortcut)."""
+
+    def __init__(self, channels: int, norm_layer: Callable[[int], nn.Module] = nn.BatchNorm2d) -> None:
+        super().__init__()
+        self.conv1 = nn.Conv2d(channels, channels, 3, 1, 1, bias=False)
+        self.bn1 = norm_layer(channels)
+        self.conv2 = nn.Conv2d(channels, channels, 3, 1, 1, bias=False)
+        self.bn2 = norm_layer(channels)
+        self.relu = nn.ReLU(inplace=True)
+
+    def forward(self, x: Tensor) -> Tensor:
+        out = self.relu(self.bn1(self.conv1(x)))
+        out = self.bn2(self.conv2(out))
+        return self.relu(out + x)
+
+
+class CompactHRNet(nn.Module):
+    """A small HRNet-like encoder: stride-4 output with ``width`` channels.
+
+    Stem: two stride-2 3x3 convolutions (stride 4).  Then parallel branches at strides
+    4, 8, 16, ... with ``width * 2**i`` channels, each a stack of basic blocks (``blocks[i]``
+    of them); every lower-resolution branch is fed by a stride-2 convolution from the
+    branch above, and is fused back into the stride-4 branch by a 1x1 convolution and
+    bilinear upsampling (one HRNet exchange, high-resolution output only).
+
+    Parameters
+    ----------
+    in_channels : int
+        Image channels.
+    width : int
+        Channels of the stride-4 branch and of the output.
+    blocks : sequence of int
+        Basic blocks per branch; its length is the number of branches.
+    """
+
+    stride = 4
+
+    def __init__(self, in_channels: int = 3, width: int = 32, blocks: Sequence[int] = (2, 2, 2),
+                 norm_layer: Callable[[int], nn.Module] | None = None) -> None:
+        super().__init__()
+        norm_layer = norm_layer or nn.BatchNorm2d
+        if len(blocks) < 1 or min(blocks) < 1:
+            raise ValueError(f"blocks must list at least one positive block count, got {blocks}")
+        self.out_channels = width
+        self.stem = nn.Sequential(_conv_bn_relu(in_channels, max(width // 2, 8), 3, 2, norm_layer),
+                                  _conv_bn_relu(max(width // 2, 8), width, 3, 2, norm_layer))
+        chans = [width * 2 ** i for i in range(len(blocks))]
+        self.down = nn.ModuleList(_conv_bn_relu(chans[i - 1], chans[i], 3, 2, norm_layer)
+                                  for i in range(1, len(blocks)))
+        self.branches = nn.ModuleList(nn.Sequential(*[BasicBlock(c, norm_layer) for _ in range(n)])
+                                      for c, n in zip(chans, blocks))
+        self.fuse = nn.ModuleList(nn.Sequential(nn.Conv2d(c, width, 1, bias=False), norm_layer(width))
+                                  for c in chans[1:])
+        self.relu = nn.ReLU(inplace=True)
+
+    def forward(self, x: Tensor) -> Tensor:
+        """(N, in_channels, H, W) -> (N, width, ceil(H/4), ceil(W/4))."""
+        x = self.stem(x)
+        feats = [self.branches[0](x)]
+        for down, branch in zip(self.down, self.branches[1:]):
+            feats.append(branch(down(feats[-1])))
+        out = feats[0]
+        for fuse, f in zip(self.fuse, feats[1:]):
+            out = out + F.interpolate(fuse(f), size=out.shape[-2:], mode="bilinear", align_corners=False)
+        return self.relu(out)
+
+
+class GlobalLocalNet(nn.Module):
+    """Global-local segmentation network (METHOD.md C); see the module docstring.
+
+    Parameters
+    ----------
+    num_classes : int
+        Output classes K.
+    in_channels : int
+        Image channels.
+    patch_size : int
+        Side p of the patches and of the coarse image (a multiple of 4).
+    width : int
+        Backbone output channels C.
+    n_convs : int
+        Convolutions (kernel sizes 3, 7, 5, 9, ...) of the spatial branch, >= 2.
+    m_convs : int
+        Identical 3x3 conv-bn-relu layers after the concatenation F6, >= 2.
+    blocks : sequence of int
+        Backbone blocks per branch (:class:`CompactHRNet`).
+    use_global : bool
+        False drops the coarse-image path (ablation).
+    overlap : int
+        Overlap of the patches :meth:`forward` cuts.
+    patch_batch : int
+        Patches per backbone call in :meth:`forward`.
+    """
+
+    def __init__(self, num_classes: int, in_channels: int = 3, *, patch_size: int = 512, width: int = 32,
+                 n_convs: int = 2, m_convs: int = 2, blocks: Sequence[int] = (2, 2, 2),
+                 use_global: bool = True, overlap: int = 0, patch_batch: int = 4,
+                 norm_layer: Callable[[int], nn.Module] | None = None) -> None:
+        super().__init__()
+        if num_classes < 1:
+            raise ValueError(f"num_classes must be >= 1, got {num_classes}")
+        if patch_size < 8 or patch_size % 4:
+            raise ValueError(f"patch_size must be a multiple of 4 (>= 8), got {patch_size}")
+        if n_convs < 2 or m_convs < 2:
+            raise ValueError(f"n_convs and m_convs must be >= 2 (METHOD.md C), got {n_convs}, {m_convs}")
+        if not 0 <= overlap < patch_size:
+            raise ValueError(f"overlap must lie in [0, patch_size), got {overlap}")
+        norm_layer = norm_layer or nn.BatchNorm2d
+        self.num_classes, self.patch_size, self.use_global = num_classes, patch_size, use_global
+        self.overlap, self.patch_batch = overlap, patch_batch
+        c = width
+        self.backbone = CompactHRNet(in_channels, width, blocks, norm_layer)
+        self.stride = self.backbone.stride
+        # spatial branch: n convolutions of different kernel sizes on the avg/max maps
+        n_maps = 4 if use_global else 2
+        kernels = [3, 7, 5, 9, 11, 13][:n_convs] + [2 * i + 3 for i in range(6, n_convs)]
+        self.spatial = nn.ModuleList(_conv_bn_relu(n_maps, 8, k, 1, norm_layer) for k in kernels)
+        self.spatial_out = nn.Conv2d(8 * n_convs, 1, 3, padding=1)
+        # F6 -> reduce -> m identical conv-bn-relu -> two kernels concatenated (F7) -> classifier
+        n_f6 = 6 if use_global else 3
+        self.reduce = _conv_bn_relu(n_f6 * c, c, 1, 1, norm_layer)
+        self.convs = nn.Sequential(*[_conv_bn_relu(c, c, 3, 1, norm_layer) for _ in range(m_convs)])
+        self.head1 = _conv_bn_relu(c, c // 2, 1, 1, norm_layer)
+        self.head3 = _conv_bn_relu(c, c - c // 2, 3, 1, norm_layer)
+        self.classifier = nn.Conv2d(c, num_classes, 1)
+
+    # -- building blocks -------------------------------------------------------------
+    @staticmethod
+    def pool_product(f: Tensor) -> Tensor:
+        """Pooling branch: (N, C, h, w) -> (N, C, h, w) outer product of row and column means."""
+        rows = f.mean(dim=3, keepdim=True)     # average-pooled along W: (N, C, h, 1)
+        cols = f.mean(dim=2, keepdim=True)     # average-pooled along H: (N, C, 1, w)
+        return torch.matmul(rows, cols)
+
+    def coarse_features(self, coarse: Tensor) -> Tensor:
+        """Backbone features of the coarse images: (B, C, p/4, p/4)."""
+        return self.backbone(coarse)
+
+    def local_global_features(self, patches: Tensor, coarse: Tensor | None = None,
+                              boxes: Tensor | None = None) -> tuple[Tensor, Tensor | None]:
+        """F1 of the patches and F2 (ROIAlign of the coarse features) or None."""
+        f1 = self.backbone(patches)
+        if not self.use_global:
+            return f1, None
+        g = self.coarse_features(coarse)
+        scale = g.shape[-1] / coarse.shape[-1]
+        f2 = roi_align(g, boxes.to(g.dtype), f1.shape[-2:], spatial_scale=scale, sampling_ratio=-1, aligned=True)
+        return f1, f2
+
+    def forward_patches(self, patches: Tensor, coarse: Tensor | None = None, boxes: Tensor | None = None) -> Tensor:
+        """Segment patches with their global context.
+
+        Parameters
+        ----------
+        patches : (N, C_in, p, p) float tensor
+            Normalised image patches.
+        coarse : (B, C_in, p, p) float tensor
+            Normalised coarse images (ignored when ``use_global`` is False).
+        boxes : (N, 5) tensor
+            ``[batch_idx into coarse, x1, y1, x2, y2]``: each patch's region in coarse-image
+            pixel coordinates.
+
+        Returns
+        -------
+        logits : (N, num_classes, p, p) tensor
+        """
+        if patches.ndim != 4:
+            raise ValueError(f"patches must be (N, C, p, p), got shape {tuple(patches.shape)}")
+        if self.use_global:
+            if coarse is None or boxes is None:
+                raise ValueError("forward_patches needs coarse and boxes when use_global=True")
+            if boxes.shape != (patches.shape[0], 5):
+                raise ValueError(f"boxes must be (N={patches.shape[0]}, 5), got {tuple(boxes.shape)}")
+        f1, f2 = self.local_global_features(patches, coarse, boxes)
+        feats = [f1] if f2 is None else [f1, f2]
+        # pooling branch
+        pooled = [self.pool_product(f) for f in feats]
+        # spatial branch
+        maps = torch.cat([m for f in feats for m in (f.mean(1, keepdim=True), f.amax(1, keepdim=True))], 1)
+        s = torch.sigmoid(self.spatial_out(torch.cat([conv(maps) for conv in self.spatial], 1)))
+        attended = [f * s for f in feats]
+        # fusion head
+        f6 = torch.cat(feats + pooled + attended, 1)
+        x = self.convs(self.reduce(f6))
+        f7 = torch.cat([self.head1(x), self.head3(x)], 1)
+        logits = self.classifier(f7)
+        return F.interpolate(logits, size=patches.shape[-2:], mode="bilinear", align_corners=False)
+
+    def forward(self, x: Tensor) -> Tensor:
+        """Segment whole images: cut into patches, add the coarse image, stitch.
+
+        Parameters
+        ----------
+        x : (B, C_in, H, W) float tensor
+            Normalised images of any size (smaller than a patch: zero-padded).
+
+        Returns
+        -------
+        logits : (B, num_classes, H, W) tensor
+            Patch logits averaged where patches overlap.
+        """
+        if x.ndim != 4:
+            raise ValueError(f"x must be (B, C, H, W), got shape {tuple(x.shape)}")
+        b, _, height, width = x.shape
+        p = self.patch_size
+        grid = patch_grid(height, width, p, overlap=self.overlap)
+        coarse = x if (height, width) == (p, p) else F.interpolate(
+            x, size=(p, p), mode="bilinear", align_corners=False, antialias=True)
+        outs = []
+        for i in range(b):
+            stitcher = Stitcher(height, width)
+            boxes = patch_boxes_in_coarse(grid, height, width, p)
+            for j in range(0, len(grid), self.patch_batch):
+                chunk = grid[j:j + self.patch_batch]
+                patches = extract_patches(x[i], chunk, channel_axis=0)
+                bx = boxes[j:j + len(chunk)].to(x.device)
+                bx[:, 0] = 0
+                stitcher.add(self.forward_patches(patches, coarse[i:i + 1], bx), chunk)
+            outs.append(stitcher.result())
+        return torch.stack(outs)
+
+
+def patch_boxes_in_coarse(grid: Sequence[tuple[int, int, int, int]], height: int, width: int, coarse_size: int,
+                          batch_idx: int = 0) -> Tensor:
+    """Patch boxes (y0, x0, y1, x1) of an H x W image -> (N, 5) ROIAlign boxes in coarse pixels.
+
+    The coarse image is the whole image resized (aspect not kept) to ``coarse_size`` square,
+    so x scales by ``coarse_size / W`` and y by ``coarse_size / H``.
+    """
+    g = torch.tensor(grid, dtype=torch.float32).reshape(-1, 4)
+    sy, sx = coarse_size / height, coarse_size / width
+    return torch.stack([torch.full_like(g[:, 0], float(batch_idx)), g[:, 1] * sx, g[:, 0] * sy,
+                        g[:, 3] * sx, g[:, 2] * sy], 1)
+
+
+def coarse_image(image: np.ndarray, size: int) -> np.ndarray:
+    """Resize an (H, W, 3) uint8 image to (size, size, 3) uint8 (area interpolation).
+
+    Only the output is allocated, so this is cheap in memory even for huge images.
+    """
+    import cv2
+    if image.ndim != 3:
+        raise ValueError(f"image must be (H, W, C), got shape {image.shape}")
+    inter = cv2.INTER_AREA if min(image.shape[:2]) >= size else cv2.INTER_LINEAR
+    out = cv2.resize(np.ascontiguousarray(image), (size, size), interpolation=inter)
+    return out.reshape(size, size, -1)
+
+
+def normalize(images: np.ndarray | Tensor, mean: Sequence[float] = IMAGENET_MEAN,
+              std: Sequence[float] = IMAGENET_STD) -> Tensor:
+    """(..., H, W, 3) uint8 -> (..., 3, H, W) float32 tensor, scaled to [0, 1] and standardised."""
+    t = torch.as_tensor(np.asarray(images) if not isinstance(images, Tensor) else images)
+    t = t.movedim(-1, -3).float().div_(255.0)
+    m = torch.tensor(mean, dtype=torch.float32).view(-1, 1, 1)
+    s = torch.tensor(std, dtype=torch.float32).view(-1, 1, 1)
+    return (t - m) / s
+
+
+@torch.no_grad()
+def segment_large(model: GlobalLocalNet, image: np.ndarray, *, patch_size: int | None = None, overlap: int = 0,
+                  batch: int = 4, device: str | torch.device = "cpu", mean: Sequence[float] = IMAGENET_MEAN,
+                  std: Sequence[float] = IMAGENET_STD, progress: Callable[[int, int], None] | None = None) -> np.ndarray:
+    """Segment an image of any size with bounded memory.
+
+    Patches are cut row by row (:func:`tasks.tiling.patch_grid` order), normalised and run
+    in batches of ``batch``; their logits are averaged in overlaps by a
+    :class:`tasks.tiling.RowStitcher` that keeps only one band of ``patch_size`` rows
+    (``K x p x W`` floats); finished rows are turned into labels at once.  Peak memory is
+    therefore the model on ``batch`` patches + one band + the input image and the
+    (H, W) uint8 output, which the caller holds anyway; the coarse image is resized from
+    the uint8 image without a float copy.
+
+    Parameters
+    ----------
+    model : GlobalLocalNet
+        Trained model (put in eval mode here).
+    image : (H, W, 3) uint8
+        The image.
+    patch_size : int, optional
+        Defaults to ``model.patch_size``; must equal it when the model uses global context.
+    overlap : int
+        Patch overlap in pixels.
+    batch : int
+        Patches per forward pass.
+    device : str or torch.device
+        Where the model runs.
+    mean, std : sequences of 3 floats
+        Normalisation used at training time.
+    progress : callable(done, total), optional
+        Called after each batch.
+
+    Returns
+    -------
+    labels : (H, W) uint8
+        Argmax class per pixel.
+    """
+    if image.ndim != 3 or image.dtype != np.uint8:
+        raise ValueError(f"image must be an (H, W, 3) uint8 array, got {image.dtype} {image.shape}")
+    p = int(patch_size or model.patch_size)
+    if model.use_global and p != model.patch_size:
+        raise ValueError(f"patch_size must equal model.patch_size={model.patch_size} for a global-local model")
+    if batch < 1:
+        raise ValueError(f"batch must be >= 1, got {batch}")
+    model.eval().to(device)
+    height, width = image.shape[:2]
+    grid = patch_grid(height, width, p, overlap=overlap)
+    coarse = normalize(coarse_image(image, p), mean, std)[None].to(device) if model.use_global else None
+    boxes = patch_boxes_in_coarse(grid, height, width, p).to(device)
+    labels = np.empty((height, width), dtype=np.uint8)
+    rows = RowStitcher(height, width, p)
+    done_rows = 0
+
+    def flush(until: int) -> None:
+        nonlocal done_rows
+        part = rows.pop_until(until)
+        if part is not None:
+            labels[done_rows:done_rows + part.shape[1]] = part.argmax(0).to(torch.uint8).cpu().numpy()
+            done_rows += part.shape[1]
+
+    row_starts = sorted({b[0] for b in grid})
+    done = 0
+    for y0 in row_starts:
+        flush(y0)
+        idx = [i for i, b in enumerate(grid) if b[0] == y0]
+        for j in range(0, len(idx), batch):
+            sel = idx[j:j + batch]
+            chunk = [grid[i] for i in sel]
+            patches = normalize(extract_patches(image, chunk), mean, std)
+            for k, (py0, px0, _, _) in enumerate(chunk):     # padding = 0 after normalising,
+                patches[k, :, height - py0:] = 0             # as in forward()
+                patches[k, :, :, width - px0:] = 0
+            patches = patches.to(device)
+            logits = model.forward_patches(patches, coarse, boxes[sel] if coarse is not None else None)
+            rows.add(logits.float(), chunk)
+            done += len(sel)
+            if progress is not None:
+                progress(done, len(grid))
+    flush(height)
+    return labels
+
+
+def global_local(num_classes: int, in_channels: int = 3, *, patch_size: int = 512, width: int = 32,
+                 n_convs: int = 2, **kwargs) -> GlobalLocalNet:
+    """Build a :class:`GlobalLocalNet` (registry name ``global_local``)."""
+    return GlobalLocalNet(num_classes, in_channels, patch_size=patch_size, width=width, n_convs=n_convs, **kwargs)

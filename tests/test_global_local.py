@@ -1,0 +1,146 @@
+"""Global-local network: shapes, wiring, training signal, patch/whole-image consistency."""
+
+import numpy as np
+import pytest
+import torch
+
+from models.global_local import (GlobalLocalNet, coarse_image, global_local, normalize,
+                                 patch_boxes_in_coarse, segment_large)
+from models.roi_align import roi_align
+from tasks.tiling import patch_grid
+
+torch.set_num_threads(1)
+
+
+def _tiny(**kw):
+    torch.manual_seed(0)
+    args = dict(patch_size=32, width=8, blocks=(1, 1), patch_batch=3)
+    args.update(kw)
+    return global_local(3, **args).eval()
+
+
+@pytest.mark.parametrize("use_global", [True, False])
+@pytest.mark.parametrize("size", [(32, 32), (45, 77), (21, 50), (13, 9)])
+def test_forward_shapes_odd_sizes(use_global, size):
+    model = _tiny(use_global=use_global, overlap=5)
+    x = torch.randn(2, 3, *size)
+    with torch.no_grad():
+        out = model(x)
+    assert out.shape == (2, 3, *size)
+    assert torch.isfinite(out).all()
+    with torch.no_grad():
+        patches = model.forward_patches(torch.randn(4, 3, 32, 32), torch.randn(2, 3, 32, 32),
+                                        torch.tensor([[0, 0, 0, 16, 16], [1, 8, 8, 24, 24],
+                                                      [0, 16, 0, 32, 16], [1, 0, 0, 32, 32.0]]))
+    assert patches.shape == (4, 3, 32, 32)
+
+
+def test_f2_is_roi_align_of_coarse_features():
+    model = _tiny()
+    patches, coarse = torch.randn(3, 3, 32, 32), torch.randn(2, 3, 32, 32)
+    boxes = torch.tensor([[0, 0, 0, 16, 16], [1, 4.5, 2.0, 20.5, 18.0], [1, 0, 0, 32, 32.0]])
+    with torch.no_grad():
+        f1, f2 = model.local_global_features(patches, coarse, boxes)
+        g = model.backbone(coarse)
+    assert f1.shape == f2.shape == (3, 8, 8, 8)
+    torch.testing.assert_close(f2, roi_align(g, boxes, (8, 8), spatial_scale=0.25))
+    # full-image box: F2 is the coarse feature map itself; F1 is the backbone of the patch
+    torch.testing.assert_close(f2[2], g[1])
+    with torch.no_grad():
+        torch.testing.assert_close(f1, model.backbone(patches))
+    # and F2 actually feeds the output: changing the coarse image changes the logits
+    with torch.no_grad():
+        a = model.forward_patches(patches, coarse, boxes)
+        b = model.forward_patches(patches, coarse + 1.0, boxes)
+    assert (a - b).abs().max() > 1e-4
+
+
+def test_pool_product_is_outer_product_of_means():
+    f = torch.randn(2, 3, 4, 5)
+    a = GlobalLocalNet.pool_product(f)
+    want = torch.einsum("nci,ncj->ncij", f.mean(3), f.mean(2))
+    torch.testing.assert_close(a, want)
+    torch.testing.assert_close(GlobalLocalNet.pool_product(torch.ones(1, 1, 3, 3)), torch.ones(1, 1, 3, 3))
+
+
+def test_forward_on_patch_sized_image_equals_forward_patches():
+    model = _tiny()
+    x = torch.randn(2, 3, 32, 32)
+    with torch.no_grad():
+        whole = model(x)
+        direct = model.forward_patches(x, x, torch.tensor([[0, 0, 0, 32, 32.0], [1, 0, 0, 32, 32.0]]))
+    torch.testing.assert_close(whole, direct)
+
+
+def test_boxes_in_coarse_coordinates():
+    boxes = patch_boxes_in_coarse([(0, 0, 32, 32), (32, 64, 64, 96)], 64, 128, 32, batch_idx=2)
+    torch.testing.assert_close(boxes, torch.tensor([[2, 0, 0, 8, 16.0], [2, 16, 16, 24, 32.0]]))
+
+
+def test_training_steps_lower_the_loss():
+    torch.manual_seed(0)
+    # synthetic image: bright thin lines (the "vessels") on a noisy background
+    rng = np.random.default_rng(0)
+    image = rng.integers(60, 90, (64, 64, 3)).astype(np.uint8)
+    mask = np.zeros((64, 64), dtype=np.int64)
+    mask[10:13, :] = 1
+    mask[:, 40:43] = 1
+    image[mask == 1] = 200
+    model = global_local(2, patch_size=32, width=8, blocks=(1, 1)).train()
+    opt = torch.optim.Adam(model.parameters(), lr=1e-2)
+    grid = patch_grid(64, 64, 32)
+    patches = normalize(np.stack([image[y0:y1, x0:x1] for y0, x0, y1, x1 in grid]))
+    target = torch.from_numpy(np.stack([mask[y0:y1, x0:x1] for y0, x0, y1, x1 in grid]))
+    coarse = normalize(coarse_image(image, 32))[None]
+    boxes = patch_boxes_in_coarse(grid, 64, 64, 32)
+    losses = []
+    for _ in range(8):
+        loss = torch.nn.functional.cross_entropy(model.forward_patches(patches, coarse, boxes), target)
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+        losses.append(loss.item())
+    assert losses[-1] < 0.7 * losses[0], losses
+
+
+@pytest.mark.parametrize("use_global", [True, False])
+def test_segment_large_matches_forward(use_global):
+    model = _tiny(use_global=use_global, overlap=6)
+    rng = np.random.default_rng(0)
+    image = rng.integers(0, 256, (45, 77, 3), dtype=np.uint8)
+    calls = []
+    labels = segment_large(model, image, overlap=6, batch=2, progress=lambda d, t: calls.append((d, t)))
+    assert labels.shape == (45, 77) and labels.dtype == np.uint8
+    assert calls[-1] == (len(patch_grid(45, 77, 32, overlap=6)),) * 2
+    # same as the whole-image forward, except for how the coarse image is resized
+    x = normalize(image)[None]
+    with torch.no_grad():
+        if use_global:
+            # segment_large resizes the coarse image with cv2 (area), forward() with torch
+            want = _forward_with_coarse(model, x, normalize(coarse_image(image, 32))[None])
+        else:
+            want = model(x)
+    np.testing.assert_array_equal(labels, want[0].argmax(0).numpy().astype(np.uint8))
+
+
+def _forward_with_coarse(model, x, coarse):
+    from tasks.tiling import Stitcher, extract_patches
+    grid = patch_grid(x.shape[2], x.shape[3], 32, overlap=model.overlap)
+    boxes = patch_boxes_in_coarse(grid, x.shape[2], x.shape[3], 32)
+    s = Stitcher(x.shape[2], x.shape[3])
+    s.add(model.forward_patches(extract_patches(x[0], grid, channel_axis=0), coarse, boxes), grid)
+    return s.result()[None]
+
+
+def test_small_image_and_errors():
+    model = _tiny()
+    labels = segment_large(model, np.zeros((10, 20, 3), np.uint8), batch=1)
+    assert labels.shape == (10, 20)
+    with pytest.raises(ValueError, match="uint8"):
+        segment_large(model, np.zeros((10, 20), np.float32))
+    with pytest.raises(ValueError, match="patch_size"):
+        segment_large(model, np.zeros((10, 20, 3), np.uint8), patch_size=64)
+    with pytest.raises(ValueError, match="multiple of 4"):
+        global_local(2, patch_size=30)
+    with pytest.raises(ValueError, match="coarse and boxes"):
+        model.forward_patches(torch.zeros(1, 3, 32, 32))
