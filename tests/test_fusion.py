@@ -1,0 +1,233 @@
+import numpy as np
+import pytest
+import scipy.sparse as sp
+
+from tasks.fusion import fuse_class, pseudo_label, seed_map, seeded_segmentation, three_way
+
+
+def _membership(rows, n_sp):
+    dense = np.zeros((len(rows), n_sp), bool)
+    for p, cols in enumerate(rows):
+        dense[p, cols] = True
+    return sp.csr_matrix(dense)
+
+
+# 3x3 grid of superpixels 0..8 (row-major); the object is the top-left 2x2 block
+# {0, 1, 3, 4}. Proposals: the exact object (0.9), the object plus the column to its
+# right (0.6), its corner {4} (0.3), and {8} (0.8, not positive).
+GRID_PROPOSALS = _membership([[0, 1, 3, 4], [0, 1, 2, 3, 4, 5], [4], [8]], 9)
+GRID_PROB = np.array([0.9, 0.6, 0.3, 0.8])
+GRID_POSITIVE = np.array([True, True, True, False])
+
+
+def test_fuse_class_grid_known_values():
+    fused = fuse_class(GRID_PROPOSALS, GRID_PROB, GRID_POSITIVE, mode="topk", k=5)
+    expected = np.array([1.5, 1.5, 0.6, 1.5, 1.8, 0.6, 0, 0, 0]) / 1.8
+    assert fused.dtype == np.float32
+    np.testing.assert_allclose(fused, expected, rtol=1e-6)
+    # threshold mode keeps the positives with prob >= 0.5: proposals 0 and 1.
+    fused = fuse_class(GRID_PROPOSALS, GRID_PROB, GRID_POSITIVE, mode="threshold", threshold=0.5)
+    np.testing.assert_allclose(fused, [1, 1, 0.4, 1, 1, 0.4, 0, 0, 0], rtol=1e-6)
+    # top-1 = the exact object mask.
+    fused = fuse_class(GRID_PROPOSALS, GRID_PROB, GRID_POSITIVE, k=1)
+    np.testing.assert_array_equal(fused, [1, 1, 0, 1, 1, 0, 0, 0, 0])
+    # No positive -> zeros.
+    fused = fuse_class(GRID_PROPOSALS, GRID_PROB, np.zeros(4, bool))
+    np.testing.assert_array_equal(fused, np.zeros(9))
+
+
+def test_three_way_grid_zones_and_seed_map():
+    fused = fuse_class(GRID_PROPOSALS, GRID_PROB, GRID_POSITIVE)
+    # Values {0 (x3), 1/3 (x2), 5/6 (x3), 1}: the best 3-clustering merges 5/6 and 1.
+    zones = three_way(fused, weights=np.full(9, 16))
+    np.testing.assert_array_equal(zones, [2, 2, 1, 2, 2, 1, 0, 0, 0])
+    seeds = seed_map(fused[:, None], zones[:, None], background=2)
+    np.testing.assert_array_equal(seeds, [1, 1, 0, 1, 1, 0, 2, 2, 2])
+    # Without an implicit background the near-background area is not seeded.
+    seeds = seed_map(fused[:, None], zones[:, None])
+    np.testing.assert_array_equal(seeds, [1, 1, 0, 1, 1, 0, 0, 0, 0])
+
+
+def test_three_way_kmeans_is_the_global_optimum():
+    rng = np.random.default_rng(0)
+    for _ in range(30):
+        x = np.round(rng.random(9), 1)
+        w = rng.random(9) + 0.1
+        v = np.unique(x)
+        if v.size < 3:
+            continue
+        best = None
+        for a in range(1, v.size - 1):
+            for b in range(a + 1, v.size):
+                cost = 0.0
+                for lo, hi in ((0, a), (a, b), (b, v.size)):
+                    m = np.isin(x, v[lo:hi])
+                    cost += np.sum(w[m] * (x[m] - np.average(x[m], weights=w[m])) ** 2)
+                if best is None or cost < best[0] - 1e-12:
+                    best = (cost, a, b)
+        _, a, b = best
+        expected = np.where(x <= v[a - 1], 0, np.where(x <= v[b - 1], 1, 2))
+        np.testing.assert_array_equal(three_way(x, weights=w), expected)
+
+
+def test_three_way_weights_move_the_split():
+    # Four points, three clusters: the cheapest merge w_i w_j / (w_i + w_j) d^2 wins.
+    x = np.array([0.0, 0.35, 0.6, 1.0])
+    np.testing.assert_array_equal(three_way(x), [0, 1, 1, 2])  # merge 0.35 + 0.6
+    # Heavy 0.35 and 0.6 make their merge costly: 0 joins 0.35 instead.
+    np.testing.assert_array_equal(three_way(x, weights=[1, 100, 100, 1]), [0, 0, 1, 2])
+
+
+def test_three_way_degenerate_and_other_methods():
+    np.testing.assert_array_equal(three_way(np.zeros(4)), [0, 0, 0, 0])
+    np.testing.assert_array_equal(three_way(np.ones(3)), [2, 2, 2])
+    np.testing.assert_array_equal(three_way(np.array([0.2, 0.7, 0.2])), [0, 2, 0])
+    x = np.array([0.0, 0.2, 0.5, 0.8, 1.0])
+    np.testing.assert_array_equal(three_way(x, method="threshold", lo=0.3, hi=0.7), [0, 0, 1, 2, 2])
+    np.testing.assert_array_equal(three_way(x, method="quantile", lo=0.2, hi=0.8), [0, 1, 1, 2, 2])
+    with pytest.raises(ValueError, match="kmeans"):
+        three_way(x, method="otsu")
+
+
+def test_seed_map_several_near_object_takes_highest_fused():
+    fused = np.array([[0.9, 0.7], [0.6, 0.8], [0.9, 0.0], [0.1, 0.2]])
+    zones = np.array([[2, 2], [2, 2], [1, 0], [0, 0]], np.int8)
+    np.testing.assert_array_equal(seed_map(fused, zones, background=3), [1, 2, 0, 3])
+    with pytest.raises(ValueError, match="collides"):
+        seed_map(fused, zones, background=2)
+
+
+def _two_colour(h=30, w=40, split=20, noise=6, seed=0):
+    rng = np.random.default_rng(seed)
+    img = np.zeros((h, w, 3), np.float64)
+    img[:, :split] = (200, 50, 40)
+    img[:, split:] = (40, 60, 190)
+    img = np.clip(img + rng.normal(0, noise, img.shape), 0, 255).astype(np.uint8)
+    truth = np.ones((h, w), np.int32)
+    truth[:, split:] = 2
+    return img, truth
+
+
+@pytest.mark.parametrize("method", ["random_walker", "grabcut"])
+@pytest.mark.parametrize("downscale", [1, 2])
+def test_seeded_segmentation_recovers_two_regions(method, downscale):
+    img, truth = _two_colour()
+    seeds = np.zeros(truth.shape, np.int32)
+    seeds[10:18, 3:11] = 1
+    seeds[10:18, 28:36] = 2
+    labels, conf = seeded_segmentation(img, seeds, method=method, downscale=downscale)
+    assert labels.dtype == np.int32 and conf.dtype == np.float32
+    np.testing.assert_array_equal(labels, truth)
+    assert np.all(conf[seeds > 0] == 1.0)
+    assert np.all((conf > 0.5) & (conf <= 1.0))
+
+
+def test_seeded_segmentation_edge_cases():
+    img, truth = _two_colour()
+    seeds = np.zeros(truth.shape, np.int32)
+    labels, conf = seeded_segmentation(img, seeds)
+    assert np.all(labels == 0) and np.all(conf == 0)
+    seeds[0, 0] = 3
+    labels, conf = seeded_segmentation(img, seeds)
+    assert np.all(labels == 3) and np.all(conf == 1)
+    seeds[-1, -1] = 1
+    labels, conf = seeded_segmentation(img, seeds, method="none")
+    assert np.count_nonzero(labels) == 2 and conf.sum() == 2
+    labels, _ = seeded_segmentation(img, seeds, method="nearest")
+    assert labels[0, 1] == 3 and labels[-1, -2] == 1
+    with pytest.raises(ValueError, match="random_walker"):
+        seeded_segmentation(img, seeds, method="watershed")
+    with pytest.raises(ValueError, match="shape"):
+        seeded_segmentation(img, seeds[:5])
+
+
+def _strip_scene():
+    """30x30: red left half = class 0, blue right half = class 1, class 2 untagged.
+
+    Superpixels: 3 rows x 6 column strips of 10x5 pixels, ids row * 6 + col.
+    """
+    img, truth = _two_colour(h=30, w=30, split=15, seed=1)
+    rows = np.arange(30)[:, None] // 10
+    cols = np.arange(30)[None, :] // 5
+    sp_labels = (rows * 6 + cols).astype(np.int32)
+    label_true = (truth - 1).astype(np.uint8)
+    prelim = np.zeros((3, 30, 30), np.float32)
+    prelim[0][label_true == 0] = 0.8
+    prelim[1][label_true == 1] = 0.8
+    prelim[2] = 0.2 - 0.1 * (label_true == 0)
+
+    def strips(*cs):
+        return [r * 6 + c for r in range(3) for c in cs]
+
+    membership = _membership(
+        [strips(0, 1, 2), strips(0, 1), strips(0, 1, 2, 3),
+         strips(3, 4, 5), strips(4, 5), strips(2, 3, 4, 5), [0]],
+        18,
+    )
+    prob = np.array(
+        [[0.9, 0.05, 0.05], [0.8, 0.1, 0.1], [0.6, 0.3, 0.1],
+         [0.05, 0.9, 0.05], [0.1, 0.8, 0.1], [0.3, 0.6, 0.1], [0.2, 0.2, 0.6]],
+        np.float32,
+    )
+    tags = np.array([True, True, False])
+    return img, sp_labels, membership, prob, prelim, tags, label_true
+
+
+@pytest.mark.parametrize("seeding", ["random_walker", "grabcut"])
+def test_pseudo_label_perfect_preliminary_map_is_returned(seeding):
+    img, sp_labels, membership, prob, prelim, tags, label_true = _strip_scene()
+    label, info = pseudo_label(img, sp_labels, membership, prob, prelim, tags, seeding=seeding)
+    assert label.dtype == np.uint8
+    np.testing.assert_array_equal(label, label_true)
+    assert info["positives"] == {0: 3, 1: 3}
+    assert info["fallback"] == []
+    # Seeds: strips 0, 1 (class 0) and 4, 5 (class 1); strips 2, 3 ambiguous.
+    assert info["seed_share"] == pytest.approx(4 / 6)
+    assert info["ambiguous_share"] == pytest.approx(2 / 6)
+    assert info["ignore_share"] == 0.0
+
+
+def test_pseudo_label_fallback_and_min_confidence():
+    img, sp_labels, membership, prob, prelim, tags, label_true = _strip_scene()
+    prob = prob.copy()
+    prob[:, 1] = 0.0  # no positive for class 1 -> its preliminary map is used
+    label, info = pseudo_label(img, sp_labels, membership, prob, prelim, tags)
+    assert info["fallback"] == [1] and info["positives"][1] == 0
+    np.testing.assert_array_equal(label, label_true)
+    # Requiring confidence 1 leaves only the seeds labelled.
+    img, sp_labels, membership, prob, prelim, tags, label_true = _strip_scene()
+    label, info = pseudo_label(img, sp_labels, membership, prob, prelim, tags, min_confidence=1.0)
+    seeded = np.isin(sp_labels % 6, [0, 1, 4, 5])
+    np.testing.assert_array_equal(label[seeded], label_true[seeded])
+    assert np.any(label[~seeded] == 255)
+
+
+def test_pseudo_label_single_tag_is_whole_image():
+    img, sp_labels, membership, prob, prelim, _, _ = _strip_scene()
+    label, _ = pseudo_label(img, sp_labels, membership, prob, prelim, np.array([False, True, False]))
+    assert np.all(label == 1)
+
+
+def test_pseudo_label_implicit_background():
+    # Dark 30x30 image with a bright 10x10 square = class 1; class 0 = background.
+    rng = np.random.default_rng(2)
+    img = np.full((30, 30, 3), 30.0)
+    img[10:20, 10:20] = 220
+    img = np.clip(img + rng.normal(0, 5, img.shape), 0, 255).astype(np.uint8)
+    truth = np.zeros((30, 30), np.uint8)
+    truth[10:20, 10:20] = 1
+    sp_labels = ((np.arange(30)[:, None] // 10) * 3 + np.arange(30)[None, :] // 10).astype(np.int32)
+    prelim = np.stack([(truth == 0) * 0.9, (truth == 1) * 0.9, np.full((30, 30), 0.05)]).astype(np.float32)
+    membership = _membership([[4], [4, 5], [0]], 9)
+    prob = np.array([[0.1, 0.9, 0.0], [0.3, 0.6, 0.1], [0.9, 0.1, 0.0]], np.float32)
+    tags = np.array([False, True, False])
+    label, info = pseudo_label(img, sp_labels, membership, prob, prelim, tags, background=0)
+    np.testing.assert_array_equal(label, truth)
+    assert np.count_nonzero(label == 0) == 800
+    # Superpixel 5 (fused 0.4) is the only ambiguous one.
+    assert info["ambiguous_share"] == pytest.approx(1 / 9)
+    # Background with no object tag: all background; no background: single tag fills all.
+    label, _ = pseudo_label(img, sp_labels, membership, prob, prelim, np.zeros(3, bool), background=0)
+    assert np.all(label == 0)
+    label, _ = pseudo_label(img, sp_labels, membership, prob, prelim, tags)
+    assert np.all(label == 1)
