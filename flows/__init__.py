@@ -1,0 +1,1 @@
+"""wsseg flows."""

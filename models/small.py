@@ -1,0 +1,98 @@
+"""A compact CNN for CPU work: an encoder shared by the image classifier (CAMs) and a
+segmentation network with a light two-skip decoder."""
+from __future__ import annotations
+
+from typing import Callable
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+
+def conv_bn_relu(cin: int, cout: int, stride: int = 1, dilation: int = 1,
+                 norm_layer: Callable[[int], nn.Module] = nn.BatchNorm2d) -> nn.Sequential:
+    return nn.Sequential(
+        nn.Conv2d(cin, cout, 3, stride=stride, padding=dilation, dilation=dilation, bias=False),
+        norm_layer(cout),
+        nn.ReLU(inplace=True),
+    )
+
+
+class SmallEncoder(nn.Module):
+    """Six 3x3 conv stages; features at strides 2, 4, 8 and 8 (dilated last stage).
+
+    ``out_channels`` lists the channels of the returned features.
+    """
+
+    def __init__(self, in_channels: int = 3, width: int = 32, *, norm_layer=None):
+        super().__init__()
+        norm_layer = norm_layer or nn.BatchNorm2d
+        w = [width, width * 2, width * 4, width * 8]
+        self.stage1 = nn.Sequential(conv_bn_relu(in_channels, w[0], 2, norm_layer=norm_layer),
+                                    conv_bn_relu(w[0], w[0], norm_layer=norm_layer))
+        self.stage2 = nn.Sequential(conv_bn_relu(w[0], w[1], 2, norm_layer=norm_layer),
+                                    conv_bn_relu(w[1], w[1], norm_layer=norm_layer))
+        self.stage3 = nn.Sequential(conv_bn_relu(w[1], w[2], 2, norm_layer=norm_layer),
+                                    conv_bn_relu(w[2], w[2], norm_layer=norm_layer))
+        self.stage4 = nn.Sequential(conv_bn_relu(w[2], w[3], 1, dilation=2, norm_layer=norm_layer),
+                                    conv_bn_relu(w[3], w[3], dilation=2, norm_layer=norm_layer))
+        self.out_channels = (w[0], w[1], w[2], w[3])
+
+    def forward(self, x: torch.Tensor) -> list[torch.Tensor]:
+        f1 = self.stage1(x)
+        f2 = self.stage2(f1)
+        f3 = self.stage3(f2)
+        f4 = self.stage4(f3)
+        return [f1, f2, f3, f4]
+
+
+class ImageClassifier(nn.Module):
+    """Multi-label image classifier whose 1x1 classifier map is the class activation map.
+
+    ``forward`` returns image logits (B, K) (global average of the class map);
+    ``cam`` returns the class map (B, K, H/8, W/8) before pooling.
+    """
+
+    def __init__(self, num_classes: int, in_channels: int = 3, width: int = 32):
+        super().__init__()
+        self.encoder = SmallEncoder(in_channels, width)
+        self.dropout = nn.Dropout2d(0.2)
+        self.classifier = nn.Conv2d(self.encoder.out_channels[-1], num_classes, 1)
+
+    def cam(self, x: torch.Tensor) -> torch.Tensor:
+        return self.classifier(self.encoder(x)[-1])
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        f = self.dropout(self.encoder(x)[-1])
+        return self.classifier(f).mean(dim=(2, 3))
+
+
+class SmallSegNet(nn.Module):
+    """Encoder + decoder: stride-8 context fused with the stride-4 features, logits upsampled
+    to the input size. About 0.5 GMAC per 256x256 image at ``width=24``."""
+
+    def __init__(self, num_classes: int, in_channels: int = 4, width: int = 24):
+        super().__init__()
+        self.encoder = SmallEncoder(in_channels, width)
+        c1, c2, c3, c4 = self.encoder.out_channels
+        d = max(32, width * 2)
+        self.context = nn.Sequential(nn.Conv2d(c4 + c3, d, 1, bias=False), nn.BatchNorm2d(d),
+                                     nn.ReLU(inplace=True), nn.Dropout2d(0.1))
+        self.fuse = conv_bn_relu(d + c2, d)
+        self.classifier = nn.Conv2d(d, num_classes, 1)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        size = x.shape[-2:]
+        _, f2, f3, f4 = self.encoder(x)
+        y = self.context(torch.cat([f4, f3], 1))
+        y = F.interpolate(y, size=f2.shape[-2:], mode="bilinear", align_corners=False)
+        y = self.fuse(torch.cat([y, f2], 1))
+        return F.interpolate(self.classifier(y), size=size, mode="bilinear", align_corners=False)
+
+
+def small_segnet(num_classes: int, in_channels: int = 4, *, width: int = 24) -> SmallSegNet:
+    return SmallSegNet(num_classes, in_channels, width)
+
+
+def image_classifier(num_classes: int, in_channels: int = 3, *, width: int = 32) -> ImageClassifier:
+    return ImageClassifier(num_classes, in_channels, width)

@@ -1,0 +1,318 @@
+"""Training and inference of the networks: device-aware, seeded, resumable.
+
+* ``train_segmentation``: cross-entropy with ignore index 255 on (image + edge channel, label)
+  pairs streamed from the store through a DataLoader; checkpoint every epoch and resume after
+  an interruption; stops on the epoch budget, a time budget or a loss plateau.
+* ``train_classifier``: the multi-label image classifier (binary cross-entropy on the tags)
+  whose class activation maps are round 0's preliminary result.
+* ``predict_probs`` / ``class_activation_maps``: inference on one image.
+
+The device is chosen automatically (CUDA, then CPU); on CUDA the step runs under bfloat16
+autocast; tensors are channels_last.
+"""
+from __future__ import annotations
+
+import math
+import os
+import random
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Callable, Sequence
+
+import cv2
+import numpy as np
+import torch
+import torch.nn.functional as F
+from torch import nn
+from torch.utils.data import DataLoader, Dataset
+
+MEAN = np.array([0.485, 0.456, 0.406], np.float32)
+STD = np.array([0.229, 0.224, 0.225], np.float32)
+IGNORE = 255
+
+
+def pick_device(requested: str = "auto") -> torch.device:
+    """``auto``: CUDA when available, else CPU."""
+    if requested == "auto":
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    if requested.startswith("cuda") and not torch.cuda.is_available():
+        raise ValueError(f"device {requested!r} requested but CUDA is not available; use --device cpu or auto")
+    return torch.device(requested)
+
+
+def seed_everything(seed: int) -> None:
+    random.seed(seed)
+    np.random.seed(seed)
+    torch.manual_seed(seed)
+
+
+def to_input(image: np.ndarray, edge: np.ndarray | None) -> np.ndarray:
+    """(H, W, 3) uint8 + optional (H, W) {0,1} edge map -> (C, H, W) float32 network input."""
+    x = (image.astype(np.float32) / 255.0 - MEAN) / STD
+    chans = [x.transpose(2, 0, 1)]
+    if edge is not None:
+        chans.append((edge.astype(np.float32) - 0.5)[None])
+    return np.ascontiguousarray(np.concatenate(chans, 0))
+
+
+# ---------------------------------------------------------------------------- data
+@dataclass
+class Augment:
+    """Random scale, crop (padded with ignore), horizontal flip, brightness/contrast jitter."""
+
+    crop: int = 256
+    scale: tuple[float, float] = (0.7, 1.3)
+    flip: bool = True
+    jitter: float = 0.15
+
+    def __call__(self, rng: np.random.Generator, image, edge, label):
+        s = rng.uniform(*self.scale)
+        h, w = image.shape[:2]
+        nh, nw = max(8, int(round(h * s))), max(8, int(round(w * s)))
+        image = cv2.resize(image, (nw, nh), interpolation=cv2.INTER_LINEAR)
+        if edge is not None:
+            edge = cv2.resize(edge, (nw, nh), interpolation=cv2.INTER_NEAREST)
+        if label is not None and label.ndim == 2:
+            label = cv2.resize(label, (nw, nh), interpolation=cv2.INTER_NEAREST)
+        image, edge, label = _random_crop(rng, self.crop, image, edge, label)
+        if self.flip and rng.random() < 0.5:
+            image = image[:, ::-1]
+            edge = edge[:, ::-1] if edge is not None else None
+            label = label[:, ::-1] if label is not None and label.ndim == 2 else label
+        if self.jitter:
+            a = 1.0 + rng.uniform(-self.jitter, self.jitter)
+            b = 255 * rng.uniform(-self.jitter, self.jitter) / 2
+            image = np.clip(image.astype(np.float32) * a + b, 0, 255).astype(np.uint8)
+        return np.ascontiguousarray(image), edge if edge is None else np.ascontiguousarray(edge), \
+            label if label is None or label.ndim != 2 else np.ascontiguousarray(label)
+
+
+def _random_crop(rng, crop, image, edge, label):
+    h, w = image.shape[:2]
+    ph, pw = max(0, crop - h), max(0, crop - w)
+    if ph or pw:
+        image = np.pad(image, ((0, ph), (0, pw), (0, 0)))
+        edge = np.pad(edge, ((0, ph), (0, pw))) if edge is not None else None
+        if label is not None and label.ndim == 2:
+            label = np.pad(label, ((0, ph), (0, pw)), constant_values=IGNORE)
+        h, w = image.shape[:2]
+    y = int(rng.integers(0, h - crop + 1))
+    x = int(rng.integers(0, w - crop + 1))
+    sl = (slice(y, y + crop), slice(x, x + crop))
+    image = image[sl]
+    edge = edge[sl] if edge is not None else None
+    if label is not None and label.ndim == 2:
+        label = label[sl]
+    return image, edge, label
+
+
+class StoreDataset(Dataset):
+    """Training samples read from the store on demand (works in DataLoader workers).
+
+    ``load(i) -> (image, edge or None, target)`` is a picklable callable; target is an
+    (H, W) uint8 label map or a (K,) float tag vector.
+    """
+
+    def __init__(self, n: int, load: Callable[[int], tuple], augment: Augment | None, seed: int = 0,
+                 with_edge: bool = True):
+        self.n, self.load, self.augment, self.seed, self.with_edge = n, load, augment, seed, with_edge
+        self.epoch = 0
+
+    def __len__(self) -> int:
+        return self.n
+
+    def __getitem__(self, i: int):
+        image, edge, target = self.load(i)
+        if not self.with_edge:
+            edge = None
+        if self.augment is not None:
+            rng = np.random.default_rng((self.seed, self.epoch, i))
+            image, edge, target = self.augment(rng, image, edge, target)
+        x = torch.from_numpy(to_input(image, edge))
+        if target.ndim == 2:
+            return x, torch.from_numpy(target.astype(np.int64))
+        return x, torch.from_numpy(np.asarray(target, np.float32))
+
+
+# ---------------------------------------------------------------------------- training
+@dataclass
+class TrainConfig:
+    epochs: int = 20
+    batch_size: int = 8
+    lr: float = 1e-3
+    weight_decay: float = 1e-4
+    crop: int = 256
+    num_workers: int = 1
+    seed: int = 0
+    device: str = "auto"
+    max_seconds: float | None = None
+    patience: int = 4
+    min_delta: float = 0.01
+    class_weights: Sequence[float] | None = None
+
+
+@dataclass
+class TrainResult:
+    epochs_run: int
+    stopped: str
+    history: list[dict] = field(default_factory=list)
+    device: str = "cpu"
+    images_per_second: float = 0.0
+    data_wait_share: float = 0.0
+    resumed_from: int = 0
+
+
+def _loader(ds: StoreDataset, cfg: TrainConfig, device: torch.device) -> DataLoader:
+    workers = cfg.num_workers
+    return DataLoader(ds, batch_size=cfg.batch_size, shuffle=True, drop_last=len(ds) > cfg.batch_size,
+                      num_workers=workers, persistent_workers=False, pin_memory=device.type == "cuda",
+                      generator=torch.Generator().manual_seed(cfg.seed + ds.epoch),
+                      prefetch_factor=4 if workers else None)
+
+
+def fit(model: nn.Module, ds: StoreDataset, loss_fn: Callable, cfg: TrainConfig, *,
+        checkpoint: Path | None = None, log: Callable[[dict, int], None] | None = None,
+        progress: Callable[[str], None] | None = None) -> TrainResult:
+    """Generic epoch loop used by both trainers: seeded, resumable, budgeted, plateau-aware.
+
+    The checkpoint (model, optimiser, scheduler, epoch, history) is written atomically after
+    every epoch; when it exists, training resumes from the epoch after the saved one.
+    """
+    seed_everything(cfg.seed)
+    device = pick_device(cfg.device)
+    model = model.to(device).to(memory_format=torch.channels_last)
+    opt = torch.optim.AdamW(model.parameters(), lr=cfg.lr, weight_decay=cfg.weight_decay)
+    steps_per_epoch = max(1, len(ds) // cfg.batch_size)
+    sched = torch.optim.lr_scheduler.OneCycleLR(opt, max_lr=cfg.lr, total_steps=cfg.epochs * steps_per_epoch + 1,
+                                                pct_start=0.15)
+    history: list[dict] = []
+    start_epoch = 0
+    if checkpoint is not None and checkpoint.exists():
+        state = torch.load(checkpoint, map_location=device, weights_only=False)
+        if state.get("epochs") == cfg.epochs and state.get("epoch", -1) + 1 <= cfg.epochs:
+            model.load_state_dict(state["model"])
+            opt.load_state_dict(state["optimizer"])
+            sched.load_state_dict(state["scheduler"])
+            history = state["history"]
+            start_epoch = state["epoch"] + 1
+            if state.get("stopped"):
+                return TrainResult(start_epoch, state["stopped"], history, device.type, resumed_from=start_epoch)
+    amp = device.type == "cuda"
+    t_start = time.perf_counter()
+    best = math.inf
+    stale = 0
+    stopped = "epochs"
+    n_images = 0
+    wait = 0.0
+    busy = 0.0
+    epoch = start_epoch
+    for epoch in range(start_epoch, cfg.epochs):
+        ds.epoch = epoch
+        model.train()
+        total, count = 0.0, 0
+        t_epoch = time.perf_counter()
+        t_ready = time.perf_counter()
+        for x, y in _loader(ds, cfg, device):
+            t_got = time.perf_counter()
+            wait += t_got - t_ready
+            x = x.to(device, non_blocking=True).to(memory_format=torch.channels_last)
+            y = y.to(device, non_blocking=True)
+            with torch.autocast(device_type=device.type, dtype=torch.bfloat16, enabled=amp):
+                out = model(x)
+                loss = loss_fn(out.float(), y)
+            opt.zero_grad(set_to_none=True)
+            loss.backward()
+            opt.step()
+            if sched.last_epoch < sched.total_steps - 1:
+                sched.step()
+            total += float(loss) * len(x)
+            count += len(x)
+            n_images += len(x)
+            t_ready = time.perf_counter()
+            busy += t_ready - t_got
+        mean_loss = total / max(count, 1)
+        rec = {"epoch": epoch, "loss": mean_loss, "lr": opt.param_groups[0]["lr"],
+               "seconds": time.perf_counter() - t_epoch}
+        history.append(rec)
+        if log is not None:
+            log({"train_loss": mean_loss, "lr": rec["lr"], "epoch_seconds": rec["seconds"]}, epoch)
+        if progress is not None:
+            progress(f"epoch {epoch + 1}/{cfg.epochs} loss {mean_loss:.4f} ({rec['seconds']:.1f}s)")
+        if mean_loss < best * (1 - cfg.min_delta):
+            best, stale = mean_loss, 0
+        else:
+            stale += 1
+        stop = None
+        if stale >= cfg.patience:
+            stop = "plateau"
+        elif cfg.max_seconds is not None and time.perf_counter() - t_start > cfg.max_seconds:
+            stop = "time budget"
+        if checkpoint is not None:
+            _save_checkpoint(checkpoint, {"model": model.state_dict(), "optimizer": opt.state_dict(),
+                                          "scheduler": sched.state_dict(), "epoch": epoch,
+                                          "epochs": cfg.epochs, "history": history, "stopped": stop})
+        if stop:
+            stopped = stop
+            break
+    elapsed = wait + busy
+    return TrainResult(epochs_run=epoch + 1, stopped=stopped, history=history, device=device.type,
+                       images_per_second=n_images / busy if busy else 0.0,
+                       data_wait_share=wait / elapsed if elapsed else 0.0, resumed_from=start_epoch)
+
+
+def _save_checkpoint(path: Path, state: dict) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(f".{path.name}.tmp")
+    torch.save(state, tmp)
+    os.replace(tmp, path)
+
+
+def segmentation_loss(class_weights: Sequence[float] | None = None) -> Callable:
+    def loss(out: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+        w = torch.as_tensor(class_weights, dtype=out.dtype, device=out.device) if class_weights is not None else None
+        if (y != IGNORE).sum() == 0:
+            return out.sum() * 0.0
+        return F.cross_entropy(out, y, weight=w, ignore_index=IGNORE)
+    return loss
+
+
+def multilabel_loss(out: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+    return F.binary_cross_entropy_with_logits(out, y)
+
+
+# ---------------------------------------------------------------------------- inference
+@torch.no_grad()
+def predict_probs(model: nn.Module, image: np.ndarray, edge: np.ndarray | None, *,
+                  device: torch.device | None = None, flip: bool = True) -> np.ndarray:
+    """(K, H, W) float32 softmax of a segmentation network on one image (flip-averaged)."""
+    device = device or next(model.parameters()).device
+    model.eval()
+    x = torch.from_numpy(to_input(image, edge))[None].to(device).to(memory_format=torch.channels_last)
+    logits = model(x)
+    prob = logits.softmax(1)
+    if flip:
+        prob = 0.5 * (prob + model(x.flip(-1)).softmax(1).flip(-1))
+    return prob[0].float().cpu().numpy()
+
+
+@torch.no_grad()
+def class_activation_maps(model: nn.Module, image: np.ndarray, *, scales: Sequence[float] = (0.75, 1.0, 1.25),
+                          flip: bool = True, device: torch.device | None = None) -> np.ndarray:
+    """(K, H, W) float32 CAMs in [0, 1]: ReLU of the class map, multi-scale and flip averaged,
+    each class divided by its maximum."""
+    device = device or next(model.parameters()).device
+    model.eval()
+    h, w = image.shape[:2]
+    acc = None
+    for s in scales:
+        im = cv2.resize(image, (max(16, int(w * s)), max(16, int(h * s))), interpolation=cv2.INTER_LINEAR)
+        x = torch.from_numpy(to_input(im, None))[None].to(device)
+        xs = torch.cat([x, x.flip(-1)]) if flip else x
+        cam = F.relu(model.cam(xs))
+        if flip:
+            cam = cam[:1] + cam[1:].flip(-1)
+        cam = F.interpolate(cam, size=(h, w), mode="bilinear", align_corners=False)[0]
+        acc = cam if acc is None else acc + cam
+    acc = acc / acc.flatten(1).amax(1).clamp_min(1e-5)[:, None, None]
+    return acc.cpu().numpy().astype(np.float32)
