@@ -18,10 +18,12 @@ Two backends:
 - ``'approx'``: pure OpenCV. The Gaussian message is ``cv2.GaussianBlur``;
   the bilateral message is ``cv2.ximgproc.jointBilateralFilter`` with the
   image as guide, run on a grid downsampled by ``f = max(1,
-  round(bilateral_sxy / 8))`` (so the spatial window stays ~17 pixels wide)
-  and upsampled bilinearly: colour edges in the message are blurred by about
-  ``f`` pixels. Both filters are normalised (weighted means, like the
-  lattice's normalised kernels) and include the pixel itself. If
+  round(bilateral_sxy / 8))`` (so the spatial window stays ~17 cells wide),
+  then brought back to full resolution by joint bilateral upsampling (Kopf
+  et al. 2007: 4x4 grid cells weighted by their colour similarity to the
+  full-resolution pixel), which keeps colour edges sharp. Both filters are
+  normalised (weighted means, like the lattice's normalised kernels) and
+  include the pixel itself. If
   ``cv2.ximgproc`` is missing the bilateral message is a plain Gaussian of
   ``bilateral_sxy`` (spatial only).
 """
@@ -81,20 +83,53 @@ def _bilateral_filter(image, sxy, srgb):
     if not has_ximgproc:
         warnings.warn("cv2.ximgproc is missing; the bilateral kernel is spatial only.")
 
+    upsample = _joint_bilateral_upsampler(image.astype(np.float32), guide, srgb)
+
     def apply(q):
-        out = np.empty_like(q)
+        small = np.empty((q.shape[0], hh, ww), np.float32)
         for c in range(q.shape[0]):
-            small = cv2.resize(q[c], (ww, hh), interpolation=cv2.INTER_AREA)
+            qc = cv2.resize(q[c].astype(np.float32), (ww, hh), interpolation=cv2.INTER_AREA)
             if has_ximgproc:
-                small = cv2.ximgproc.jointBilateralFilter(
-                    guide, small, diameter, float(srgb), float(sigma_small)
+                qc = cv2.ximgproc.jointBilateralFilter(
+                    guide, qc, diameter, float(srgb), float(sigma_small)
                 )
             else:
-                small = cv2.GaussianBlur(small, (0, 0), sigma_small)
-            out[c] = cv2.resize(small, (w, h), interpolation=cv2.INTER_LINEAR)
-        return out
+                qc = cv2.GaussianBlur(qc, (0, 0), sigma_small)
+            small[c] = qc
+        return upsample(small) if f > 1 else small
 
     return apply
+
+
+def _joint_bilateral_upsampler(image, guide, srgb):
+    """Joint bilateral upsampling (Kopf et al. 2007) from the guide grid to the image.
+
+    Each full-resolution pixel averages the 4x4 nearest grid cells, weighted by
+    a unit-std Gaussian on grid distance and a `srgb` Gaussian on the colour
+    difference between the pixel and the cell, so colour edges stay sharp.
+    """
+    h, w = image.shape[:2]
+    hh, ww = guide.shape[:2]
+    ys = (np.arange(h) + 0.5) * hh / h - 0.5
+    xs = (np.arange(w) + 0.5) * ww / w - 0.5
+    taps = []
+    for dy in range(-1, 3):
+        iy = np.clip(np.floor(ys).astype(int) + dy, 0, hh - 1)
+        for dx in range(-1, 3):
+            ix = np.clip(np.floor(xs).astype(int) + dx, 0, ww - 1)
+            spatial = np.exp(-0.5 * ((iy - ys)[:, None] ** 2 + (ix - xs)[None, :] ** 2))
+            colour = guide[iy[:, None], ix[None, :]] - image
+            weight = spatial * np.exp(-0.5 * np.sum(colour**2, axis=-1) / srgb**2)
+            taps.append((iy, ix, weight.astype(np.float32)))
+    norm = np.maximum(sum(t[2] for t in taps), 1e-12)
+
+    def upsample(small):
+        out = np.zeros((small.shape[0], h, w), np.float32)
+        for iy, ix, weight in taps:
+            out += small[:, iy[:, None], ix[None, :]] * weight
+        return out / norm
+
+    return upsample
 
 
 def _crf_approx(image, unary, n_iter, gauss_sxy, gauss_compat, bilateral_sxy,

@@ -4,15 +4,15 @@ import pytest
 from tasks.crf import dense_crf, pydensecrf_available
 
 
-def _noisy_scene(seed=0):
+def _noisy_scene(seed=0, split=40):
     """Two-colour 60x80 image; class 0 left, class 1 right; a weak, noisy unary."""
     rng = np.random.default_rng(seed)
     img = np.zeros((60, 80, 3))
-    img[:, :40] = (200, 50, 40)
-    img[:, 40:] = (40, 60, 190)
+    img[:, :split] = (200, 50, 40)
+    img[:, split:] = (40, 60, 190)
     img = np.clip(img + rng.normal(0, 6, img.shape), 0, 255).astype(np.uint8)
     truth = np.zeros((60, 80), np.int64)
-    truth[:, 40:] = 1
+    truth[:, split:] = 1
     p = np.where(truth == 0, 0.65, 0.35) + rng.normal(0, 0.25, truth.shape)
     p = np.clip(p, 0.01, 0.99)
     return img, np.stack([p, 1 - p]).astype(np.float32), truth
@@ -33,13 +33,16 @@ def test_crf_cleans_noisy_map_and_normalises(backend):
 
 def test_crf_follows_colour_edge_not_just_smoothing():
     # The unary is uninformative (0.5) except for a few confident pixels on each
-    # side: the bilateral kernel must carry each label up to the colour edge.
-    img, _, truth = _noisy_scene(seed=1)
+    # side: the bilateral kernel must carry each label up to the colour edge,
+    # which is off the middle between them (spatial smoothing alone splits at 40).
+    img, _, truth = _noisy_scene(seed=1, split=25)
     prob = np.full((2, 60, 80), 0.5, np.float32)
     prob[:, 25:35, 5:10] = [[[0.9]], [[0.1]]]
     prob[:, 25:35, 70:75] = [[[0.1]], [[0.9]]]
     q = dense_crf(img, prob, backend="approx", n_iter=10)
     assert np.mean(q.argmax(0) == truth) > 0.95
+    q = dense_crf(img, prob, backend="approx", n_iter=10, bilateral_compat=0)
+    assert np.mean(q.argmax(0) == truth) < 0.9
 
 
 def test_crf_input_not_modified_and_validation():
