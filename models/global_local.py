@@ -283,17 +283,30 @@ def patch_boxes_in_coarse(grid: Sequence[tuple[int, int, int, int]], height: int
                         g[:, 3] * sx, g[:, 2] * sy], 1)
 
 
-def coarse_image(image: np.ndarray, size: int) -> np.ndarray:
-    """Resize an (H, W, 3) uint8 image to (size, size, 3) uint8 (area interpolation).
+def coarse_image(image, size: int, *, band: int = 512) -> np.ndarray:
+    """Resize an (H, W, 3) uint8 image to the (size, size, 3) uint8 coarse image.
 
-    Only the output is allocated, so this is cheap in memory even for huge images.
+    Area interpolation when shrinking, done in two separable passes: each band of
+    ``band`` rows is shrunk horizontally to ``size`` columns (float32), then the stacked
+    (H, size, 3) result is shrunk vertically; this equals ``cv2.resize(image, (size, size),
+    interpolation=cv2.INTER_AREA)`` and needs only one band of the image at a time, so
+    ``image`` may be any array-like that supports slicing (numpy, memmap, zarr).  Images
+    smaller than ``size`` along an axis are resized bilinearly in one go.
     """
     import cv2
-    if image.ndim != 3:
-        raise ValueError(f"image must be (H, W, C), got shape {image.shape}")
-    inter = cv2.INTER_AREA if min(image.shape[:2]) >= size else cv2.INTER_LINEAR
-    out = cv2.resize(np.ascontiguousarray(image), (size, size), interpolation=inter)
-    return out.reshape(size, size, -1)
+    if len(image.shape) != 3:
+        raise ValueError(f"image must be (H, W, C), got shape {tuple(image.shape)}")
+    height, width = image.shape[:2]
+    if min(height, width) < size:
+        out = cv2.resize(np.ascontiguousarray(image[:]), (size, size), interpolation=cv2.INTER_LINEAR)
+        return out.reshape(size, size, -1)
+    rows = np.empty((height, size, image.shape[2]), dtype=np.float32)
+    for r0 in range(0, height, band):
+        piece = np.asarray(image[r0:r0 + band], dtype=np.float32)
+        rows[r0:r0 + band] = cv2.resize(piece, (size, piece.shape[0]),
+                                        interpolation=cv2.INTER_AREA).reshape(piece.shape[0], size, -1)
+    out = cv2.resize(rows, (size, size), interpolation=cv2.INTER_AREA).reshape(size, size, -1)
+    return np.clip(np.round(out), 0, 255).astype(np.uint8)
 
 
 def normalize(images: np.ndarray | Tensor, mean: Sequence[float] = IMAGENET_MEAN,
@@ -307,9 +320,10 @@ def normalize(images: np.ndarray | Tensor, mean: Sequence[float] = IMAGENET_MEAN
 
 
 @torch.no_grad()
-def segment_large(model: GlobalLocalNet, image: np.ndarray, *, patch_size: int | None = None, overlap: int = 0,
+def segment_large(model: GlobalLocalNet, image, *, patch_size: int | None = None, overlap: int = 0,
                   batch: int = 4, device: str | torch.device = "cpu", mean: Sequence[float] = IMAGENET_MEAN,
-                  std: Sequence[float] = IMAGENET_STD, progress: Callable[[int, int], None] | None = None) -> np.ndarray:
+                  std: Sequence[float] = IMAGENET_STD, progress: Callable[[int, int], None] | None = None,
+                  out=None):
     """Segment an image of any size with bounded memory.
 
     Patches are cut row by row (:func:`tasks.tiling.patch_grid` order), normalised and run
@@ -317,15 +331,18 @@ def segment_large(model: GlobalLocalNet, image: np.ndarray, *, patch_size: int |
     :class:`tasks.tiling.RowStitcher` that keeps only one band of ``patch_size`` rows
     (``K x p x W`` floats); finished rows are turned into labels at once.  Peak memory is
     therefore the model on ``batch`` patches + one band + the input image and the
-    (H, W) uint8 output, which the caller holds anyway; the coarse image is resized from
-    the uint8 image without a float copy.
+    (H, W) uint8 output.  The image is only ever read by slices (patches, and bands of
+    rows for the coarse image, :func:`coarse_image`), and the labels are written row band
+    by row band, so with an on-disk ``image`` (a zarr array or memmap) and ``out`` the
+    memory no longer grows with the image at all (apart from an (H, p, 3) float32 buffer
+    of the coarse-image resize).
 
     Parameters
     ----------
     model : GlobalLocalNet
         Trained model (put in eval mode here).
-    image : (H, W, 3) uint8
-        The image.
+    image : (H, W, 3) uint8 array-like
+        The image: a numpy array, or anything sliceable like one (zarr array, memmap).
     patch_size : int, optional
         Defaults to ``model.patch_size``; must equal it when the model uses global context.
     overlap : int
@@ -338,14 +355,18 @@ def segment_large(model: GlobalLocalNet, image: np.ndarray, *, patch_size: int |
         Normalisation used at training time.
     progress : callable(done, total), optional
         Called after each batch.
+    out : (H, W) uint8 array-like, optional
+        Where to write the labels (e.g. a zarr array); a new numpy array by default.
 
     Returns
     -------
     labels : (H, W) uint8
-        Argmax class per pixel.
+        Argmax class per pixel (``out`` when given).
     """
-    if image.ndim != 3 or image.dtype != np.uint8:
-        raise ValueError(f"image must be an (H, W, 3) uint8 array, got {image.dtype} {image.shape}")
+    if len(image.shape) != 3 or np.dtype(image.dtype) != np.uint8:
+        raise ValueError(f"image must be an (H, W, 3) uint8 array, got {image.dtype} {tuple(image.shape)}")
+    if out is not None and (tuple(out.shape) != tuple(image.shape[:2]) or np.dtype(out.dtype) != np.uint8):
+        raise ValueError(f"out must be an {tuple(image.shape[:2])} uint8 array, got {out.dtype} {tuple(out.shape)}")
     p = int(patch_size or model.patch_size)
     if model.use_global and p != model.patch_size:
         raise ValueError(f"patch_size must equal model.patch_size={model.patch_size} for a global-local model")
@@ -356,7 +377,7 @@ def segment_large(model: GlobalLocalNet, image: np.ndarray, *, patch_size: int |
     grid = patch_grid(height, width, p, overlap=overlap)
     coarse = normalize(coarse_image(image, p), mean, std)[None].to(device) if model.use_global else None
     boxes = patch_boxes_in_coarse(grid, height, width, p).to(device)
-    labels = np.empty((height, width), dtype=np.uint8)
+    labels = np.empty((height, width), dtype=np.uint8) if out is None else out
     rows = RowStitcher(height, width, p)
     done_rows = 0
 

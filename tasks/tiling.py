@@ -83,7 +83,9 @@ def extract_patches(image, boxes: Sequence[tuple[int, int, int, int]], *, channe
     Parameters
     ----------
     image : (H, W, C), (C, H, W) or (H, W) array or torch tensor
-        The image; ``channel_axis`` says where the channels are (``None`` for 2-D).
+        The image; ``channel_axis`` says where the channels are (``None`` for 2-D).  Any
+        array-like that slices like numpy (zarr array, memmap) works too; only the boxes
+        are read.
     boxes : sequence of (y0, x0, y1, x1)
         All of the same size, as returned by :func:`patch_grid`.
     channel_axis : {-1, 0, None}
@@ -105,8 +107,8 @@ def extract_patches(image, boxes: Sequence[tuple[int, int, int, int]], *, channe
     if channel_axis not in (-1, 0, None):
         raise ValueError(f"channel_axis must be -1, 0 or None, got {channel_axis!r}")
     expected_ndim = 2 if channel_axis is None else 3
-    if image.ndim != expected_ndim:
-        raise ValueError(f"image has {image.ndim} dims but channel_axis={channel_axis!r} needs {expected_ndim}")
+    if len(image.shape) != expected_ndim:
+        raise ValueError(f"image has {len(image.shape)} dims but channel_axis={channel_axis!r} needs {expected_ndim}")
     if len(boxes) == 0:
         raise ValueError("boxes is empty; build it with patch_grid(height, width, patch)")
     height, width = (image.shape[:2] if channel_axis in (-1, None) else image.shape[1:])
@@ -125,7 +127,7 @@ def extract_patches(image, boxes: Sequence[tuple[int, int, int, int]], *, channe
     if _is_torch(image):
         out = image.new_full(shape, pad_value)
     else:
-        out = np.full(shape, pad_value, dtype=image.dtype)
+        out = np.full(shape, pad_value, dtype=np.dtype(image.dtype))
     for i, (y0, x0, y1, x1) in enumerate(boxes):
         h, w = min(y1, height) - y0, min(x1, width) - x0
         if channel_axis == 0:

@@ -144,3 +144,27 @@ def test_small_image_and_errors():
         global_local(2, patch_size=30)
     with pytest.raises(ValueError, match="coarse and boxes"):
         model.forward_patches(torch.zeros(1, 3, 32, 32))
+
+
+def test_coarse_image_equals_direct_area_resize():
+    import cv2
+    rng = np.random.default_rng(2)
+    image = rng.integers(0, 256, (300, 410, 3), dtype=np.uint8)
+    got = coarse_image(image, 64, band=37)
+    want = cv2.resize(image, (64, 64), interpolation=cv2.INTER_AREA)
+    np.testing.assert_array_equal(got, want)
+    assert coarse_image(image[:20], 64).shape == (64, 64, 3)        # smaller than the size
+
+
+def test_segment_large_streams_zarr_input_and_output(tmp_path):
+    import zarr
+    model = _tiny(overlap=4)
+    image = np.random.default_rng(3).integers(0, 256, (45, 77, 3), dtype=np.uint8)
+    src = zarr.create_array(store=str(tmp_path / "in.zarr"), shape=image.shape, chunks=(16, 77, 3), dtype="uint8")
+    src[:] = image
+    dst = zarr.create_array(store=str(tmp_path / "out.zarr"), shape=(45, 77), chunks=(16, 77), dtype="uint8")
+    dst[:] = 9
+    segment_large(model, src, overlap=4, batch=2, out=dst)
+    np.testing.assert_array_equal(dst[:], segment_large(model, image, overlap=4, batch=2))
+    with pytest.raises(ValueError, match="out must be"):
+        segment_large(model, image, out=np.zeros((45, 70), np.uint8))
