@@ -186,18 +186,28 @@ class GlobalLocalNet(nn.Module):
         """Backbone features of the coarse images: (B, C, p/4, p/4)."""
         return self.backbone(coarse)
 
-    def local_global_features(self, patches: Tensor, coarse: Tensor | None = None,
-                              boxes: Tensor | None = None) -> tuple[Tensor, Tensor | None]:
-        """F1 of the patches and F2 (ROIAlign of the coarse features) or None."""
-        f1 = self.backbone(patches)
+    def local_global_features(self, patches: Tensor, coarse: Tensor | None = None, boxes: Tensor | None = None,
+                              *, coarse_feats: Tensor | None = None) -> tuple[Tensor, Tensor | None]:
+        """F1 of the patches and F2 (ROIAlign of the coarse features) or None.
+
+        Patches and coarse images go through the backbone as one batch, so that in
+        training mode batch normalisation sees (and its running statistics average) one
+        mixed population, the same at training and inference.  ``coarse_feats`` (the
+        output of :meth:`coarse_features`) skips the coarse backbone pass at inference.
+        """
         if not self.use_global:
-            return f1, None
-        g = self.coarse_features(coarse)
-        scale = g.shape[-1] / coarse.shape[-1]
+            return self.backbone(patches), None
+        if coarse_feats is None:
+            both = self.backbone(torch.cat([patches, coarse.to(patches.dtype)]))
+            f1, g = both[:patches.shape[0]], both[patches.shape[0]:]
+        else:
+            f1, g = self.backbone(patches), coarse_feats
+        scale = g.shape[-1] / patches.shape[-1]     # coarse images have the patch size
         f2 = roi_align(g, boxes.to(g.dtype), f1.shape[-2:], spatial_scale=scale, sampling_ratio=-1, aligned=True)
         return f1, f2
 
-    def forward_patches(self, patches: Tensor, coarse: Tensor | None = None, boxes: Tensor | None = None) -> Tensor:
+    def forward_patches(self, patches: Tensor, coarse: Tensor | None = None, boxes: Tensor | None = None, *,
+                        coarse_feats: Tensor | None = None) -> Tensor:
         """Segment patches with their global context.
 
         Parameters
@@ -209,6 +219,9 @@ class GlobalLocalNet(nn.Module):
         boxes : (N, 5) tensor
             ``[batch_idx into coarse, x1, y1, x2, y2]``: each patch's region in coarse-image
             pixel coordinates.
+        coarse_feats : (B, C, p/4, p/4) tensor, optional
+            ``self.coarse_features(coarse)`` computed once per image, used instead of
+            ``coarse`` (inference over many patches of one image).
 
         Returns
         -------
@@ -217,11 +230,14 @@ class GlobalLocalNet(nn.Module):
         if patches.ndim != 4:
             raise ValueError(f"patches must be (N, C, p, p), got shape {tuple(patches.shape)}")
         if self.use_global:
-            if coarse is None or boxes is None:
-                raise ValueError("forward_patches needs coarse and boxes when use_global=True")
-            if boxes.shape != (patches.shape[0], 5):
+            if (coarse is None and coarse_feats is None) or boxes is None:
+                raise ValueError("forward_patches needs coarse (or coarse_feats) and boxes when use_global=True")
+            if tuple(boxes.shape) != (patches.shape[0], 5):
                 raise ValueError(f"boxes must be (N={patches.shape[0]}, 5), got {tuple(boxes.shape)}")
-        f1, f2 = self.local_global_features(patches, coarse, boxes)
+            if coarse is not None and tuple(coarse.shape[1:]) != tuple(patches.shape[1:]):
+                raise ValueError(f"coarse images must have the patches' shape {tuple(patches.shape[1:])}, "
+                                 f"got {tuple(coarse.shape[1:])}")
+        f1, f2 = self.local_global_features(patches, coarse, boxes, coarse_feats=coarse_feats)
         feats = [f1] if f2 is None else [f1, f2]
         # pooling branch
         pooled = [self.pool_product(f) for f in feats]
@@ -257,15 +273,18 @@ class GlobalLocalNet(nn.Module):
         coarse = x if (height, width) == (p, p) else F.interpolate(
             x, size=(p, p), mode="bilinear", align_corners=False, antialias=True)
         outs = []
+        boxes = patch_boxes_in_coarse(grid, height, width, p).to(x.device)
         for i in range(b):
             stitcher = Stitcher(height, width)
-            boxes = patch_boxes_in_coarse(grid, height, width, p)
+            # at inference the coarse features are computed once per image; in training the
+            # coarse image rides along with every patch batch (see local_global_features)
+            feats = self.coarse_features(coarse[i:i + 1]) if self.use_global and not self.training else None
             for j in range(0, len(grid), self.patch_batch):
                 chunk = grid[j:j + self.patch_batch]
                 patches = extract_patches(x[i], chunk, channel_axis=0)
-                bx = boxes[j:j + len(chunk)].to(x.device)
-                bx[:, 0] = 0
-                stitcher.add(self.forward_patches(patches, coarse[i:i + 1], bx), chunk)
+                logits = self.forward_patches(patches, None if feats is not None else coarse[i:i + 1],
+                                              boxes[j:j + len(chunk)], coarse_feats=feats)
+                stitcher.add(logits, chunk)
             outs.append(stitcher.result())
         return torch.stack(outs)
 
@@ -283,7 +302,7 @@ def patch_boxes_in_coarse(grid: Sequence[tuple[int, int, int, int]], height: int
                         g[:, 3] * sx, g[:, 2] * sy], 1)
 
 
-def coarse_image(image, size: int, *, band: int = 512) -> np.ndarray:
+def coarse_image(image, size: int, *, band: int = 64) -> np.ndarray:
     """Resize an (H, W, 3) uint8 image to the (size, size, 3) uint8 coarse image.
 
     Area interpolation when shrinking, done in two separable passes: each band of
@@ -376,6 +395,7 @@ def segment_large(model: GlobalLocalNet, image, *, patch_size: int | None = None
     height, width = image.shape[:2]
     grid = patch_grid(height, width, p, overlap=overlap)
     coarse = normalize(coarse_image(image, p), mean, std)[None].to(device) if model.use_global else None
+    coarse_feats = model.coarse_features(coarse) if coarse is not None else None
     boxes = patch_boxes_in_coarse(grid, height, width, p).to(device)
     labels = np.empty((height, width), dtype=np.uint8) if out is None else out
     rows = RowStitcher(height, width, p)
@@ -401,7 +421,8 @@ def segment_large(model: GlobalLocalNet, image, *, patch_size: int | None = None
                 patches[k, :, height - py0:] = 0             # as in forward()
                 patches[k, :, :, width - px0:] = 0
             patches = patches.to(device)
-            logits = model.forward_patches(patches, coarse, boxes[sel] if coarse is not None else None)
+            logits = model.forward_patches(patches, boxes=boxes[sel] if coarse is not None else None,
+                                           coarse_feats=coarse_feats)
             rows.add(logits.float(), chunk)
             done += len(sel)
             if progress is not None:

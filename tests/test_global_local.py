@@ -53,6 +53,10 @@ def test_f2_is_roi_align_of_coarse_features():
         a = model.forward_patches(patches, coarse, boxes)
         b = model.forward_patches(patches, coarse + 1.0, boxes)
     assert (a - b).abs().max() > 1e-4
+    # precomputed coarse features (inference path) give the same logits
+    with torch.no_grad():
+        c = model.forward_patches(patches, boxes=boxes, coarse_feats=model.coarse_features(coarse))
+    torch.testing.assert_close(a, c)
 
 
 def test_pool_product_is_outer_product_of_means():
@@ -142,8 +146,10 @@ def test_small_image_and_errors():
         segment_large(model, np.zeros((10, 20, 3), np.uint8), patch_size=64)
     with pytest.raises(ValueError, match="multiple of 4"):
         global_local(2, patch_size=30)
-    with pytest.raises(ValueError, match="coarse and boxes"):
+    with pytest.raises(ValueError, match="needs coarse"):
         model.forward_patches(torch.zeros(1, 3, 32, 32))
+    with pytest.raises(ValueError, match="patches' shape"):
+        model.forward_patches(torch.zeros(1, 3, 32, 32), torch.zeros(1, 3, 16, 16), torch.zeros(1, 5))
 
 
 def test_coarse_image_equals_direct_area_resize():

@@ -1,0 +1,706 @@
+"""Ultra-high-resolution segmentation (METHOD.md C): training, benchmark and inference.
+
+* :func:`train_highres` trains a :class:`models.global_local.GlobalLocalNet` on random
+  patches of fully annotated high-resolution images (each patch with its image's coarse
+  version and its box), mask value 255 = ignore.
+* :func:`bench_highres` compares, on the same images and step budget, (a) global-local,
+  (b) the same network on patches without the global inputs (``use_global=False``) and
+  (c) the whole image downsampled to the patch size and the logits upsampled back; it
+  measures the peak memory of streamed inference at two image sizes and the CPU
+  throughput, and writes a JSON summary plus an overlay PNG.
+* :func:`segment` applies a saved checkpoint to images of any size (palette PNG per image,
+  plus a Zarr array when the output exceeds 50 megapixels).
+
+Working resolution: HRF photographs are 3504 x 2336; the benchmark processes them at
+``scale=0.5`` (1752 x 1168, decoded directly at half size by the JPEG decoder), with masks
+reduced by area (a working pixel is vessel when at least half of its full-resolution
+pixels are, ignore when less than half are inside the field of view).  Predictions are
+upsampled back (nearest) and scored against the original full-resolution masks.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Callable, Sequence
+
+import numpy as np
+
+__all__ = ["read_image", "read_mask", "reduce_mask", "upsample_labels", "load_split", "train_highres",
+           "vessel_scores", "predict", "bench_highres", "segment", "add_segment_parser",
+           "add_bench_highres_parser"]
+
+_ROOT = Path(__file__).resolve().parents[1]
+LARGE_OUTPUT_PIXELS = 50_000_000
+
+
+# ---------------------------------------------------------------------------------------
+# data
+# ---------------------------------------------------------------------------------------
+def read_image(path: str | os.PathLike, scale: float = 1.0) -> np.ndarray:
+    """Read an RGB image as (H, W, 3) uint8, optionally reduced by ``scale`` (<= 1).
+
+    JPEGs are decoded directly at 1/2, 1/4 or 1/8 size when ``scale`` is one of those.
+    """
+    import cv2
+    flags = {0.5: cv2.IMREAD_REDUCED_COLOR_2, 0.25: cv2.IMREAD_REDUCED_COLOR_4,
+             0.125: cv2.IMREAD_REDUCED_COLOR_8}
+    path = str(path)
+    fast = str(path).lower().endswith((".jpg", ".jpeg")) and scale in flags
+    bgr = cv2.imread(path, flags[scale] if fast else cv2.IMREAD_COLOR)
+    if bgr is None:
+        raise ValueError(f"cannot read image {path!r}; pass a JPEG/PNG/TIFF file path")
+    image = np.ascontiguousarray(bgr[..., ::-1])
+    if scale != 1.0 and not fast:
+        h, w = image.shape[:2]
+        image = cv2.resize(image, (max(1, round(w * scale)), max(1, round(h * scale))),
+                           interpolation=cv2.INTER_AREA)
+    return image
+
+
+def read_mask(path: str | os.PathLike) -> np.ndarray:
+    """Read a label mask PNG (palette or grey) as (H, W) uint8 class indices."""
+    from PIL import Image
+    with Image.open(path) as im:
+        if im.mode not in ("P", "L"):
+            raise ValueError(f"{path}: mask must be a palette or greyscale PNG of class indices, got {im.mode}")
+        return np.array(im)
+
+
+def reduce_mask(mask: np.ndarray, shape: tuple[int, int]) -> np.ndarray:
+    """Reduce a 0/1/255 vessel mask to ``shape`` (H, W) by area.
+
+    A pixel is ignore (255) when less than half its area is annotated, else vessel (1)
+    when at least half of its annotated area is vessel, else 0.
+    """
+    import cv2
+    if mask.shape == tuple(shape):
+        return mask.copy()
+    size = (shape[1], shape[0])
+    valid = cv2.resize((mask != 255).astype(np.float32), size, interpolation=cv2.INTER_AREA)
+    vessel = cv2.resize((mask == 1).astype(np.float32), size, interpolation=cv2.INTER_AREA)
+    out = (vessel >= 0.5 * np.maximum(valid, 1e-6)).astype(np.uint8)
+    out[valid < 0.5] = 255
+    return out
+
+
+def upsample_labels(labels, height: int, width: int, *, out=None, band: int = 1024):
+    """Nearest-neighbour resize of an (h, w) label map to (height, width), band by band.
+
+    Source pixel of output (r, c) is ``(floor(r * h / height), floor(c * w / width))``
+    (OpenCV's INTER_NEAREST).  ``out`` may be any writable array-like (e.g. zarr).
+    """
+    h, w = labels.shape
+    out = np.empty((height, width), dtype=labels.dtype) if out is None else out
+    cols = np.minimum((np.arange(width) * w) // width, w - 1)
+    for r0 in range(0, height, band):
+        rows = np.minimum((np.arange(r0, min(r0 + band, height)) * h) // height, h - 1)
+        src = np.asarray(labels[int(rows[0]):int(rows[-1]) + 1])
+        out[r0:r0 + len(rows)] = src[rows - rows[0]][:, cols]
+    return out
+
+
+def load_split(data_dir: str | os.PathLike, split: str = "train", *, train_n: int = 12,
+               eval_n: int = 3) -> tuple[list[str], list[str]]:
+    """Ids of ``<data_dir>/<split>.txt`` divided into training and evaluation ids.
+
+    Evaluation ids are taken from the end of each id-suffix group in turn (for HRF: the
+    last healthy, glaucoma and diabetic image), training ids are the first ``train_n`` of
+    the rest.
+    """
+    listing = Path(data_dir) / f"{split}.txt"
+    if not listing.exists():
+        raise ValueError(f"{listing} not found; data_dir must hold images/, masks/ and {split}.txt")
+    ids = [s.strip() for s in listing.read_text().splitlines() if s.strip()]
+    if train_n < 1 or eval_n < 1 or train_n + eval_n > len(ids):
+        raise ValueError(f"train_n + eval_n must be between 2 and {len(ids)} (the ids in {listing})")
+    groups: dict[str, list[str]] = {}
+    for i in ids:
+        groups.setdefault(i.rsplit("_", 1)[-1], []).append(i)
+    evals: list[str] = []
+    while len(evals) < eval_n:
+        for g in sorted(groups):
+            if groups[g] and len(evals) < eval_n:
+                evals.append(groups[g].pop())
+    train = [i for i in ids if i not in evals][:train_n]
+    return train, sorted(evals)
+
+
+def _load(data_dir: Path, ids: Sequence[str], scale: float, full_masks: bool = False):
+    images, masks, originals = [], [], []
+    for i in ids:
+        image = read_image(data_dir / "images" / f"{i}.jpg", scale)
+        mask = read_mask(data_dir / "masks" / f"{i}.png")
+        images.append(image)
+        masks.append(reduce_mask(mask, image.shape[:2]))
+        if full_masks:
+            originals.append(mask)
+    return images, masks, originals
+
+
+# ---------------------------------------------------------------------------------------
+# training
+# ---------------------------------------------------------------------------------------
+def train_highres(images: Sequence[np.ndarray], masks: Sequence[np.ndarray], *, model, patch_size: int,
+                  steps: int, batch: int = 4, lr: float = 2e-3, seed: int = 0, device: str = "cpu",
+                  log: Callable[[dict], None] | None = None, balanced: float = 0.0,
+                  class_weights: Sequence[float] | None = None, images_per_batch: int = 2,
+                  log_every: int = 10):
+    """Train a global-local network on random patches of annotated images.
+
+    Each step draws ``images_per_batch`` images, flips each at random (horizontally and/or
+    vertically; the coarse image is flipped with it), and cuts ``batch`` random
+    ``patch_size`` patches from them; a patch's coarse image is its whole image resized to
+    ``patch_size`` (:func:`models.global_local.coarse_image`) and its box is its position
+    in coarse pixels.  Loss: cross-entropy ignoring 255.  AdamW with 5 % linear warm-up
+    and cosine decay.
+
+    Parameters
+    ----------
+    images : sequence of (H, W, 3) uint8
+        Training images (any sizes; smaller than a patch: padded and ignored).
+    masks : sequence of (H, W) uint8
+        Class per pixel, 255 = ignore.
+    model : GlobalLocalNet
+        Trained in place (``model.use_global`` decides whether coarse inputs are used).
+    patch_size : int
+        Must equal ``model.patch_size``.
+    steps, batch : int
+        Optimisation steps and patches per step.
+    lr : float
+        Peak learning rate.
+    seed : int
+        Seeds patch sampling, flips and torch.
+    device : str
+        Torch device.
+    log : callable(dict), optional
+        Receives ``{"step", "loss", "lr", "seconds"}`` every ``log_every`` steps.
+    balanced : float
+        Fraction of patches centred on a random foreground (class > 0) pixel; the rest
+        are placed uniformly.
+    class_weights : sequence of float, optional
+        Cross-entropy class weights.
+
+    Returns
+    -------
+    model : GlobalLocalNet
+        The trained model, in eval mode.
+    losses : list of float
+        Loss of every step.
+
+    Raises
+    ------
+    ValueError
+        On mismatched inputs or a patch size different from the model's.
+    """
+    import torch
+    import torch.nn.functional as F
+
+    from models.global_local import coarse_image, normalize
+    from tasks.tiling import extract_patches
+
+    # 1. validate
+    if len(images) == 0 or len(images) != len(masks):
+        raise ValueError(f"need as many masks as images (> 0), got {len(images)} images, {len(masks)} masks")
+    for im, m in zip(images, masks):
+        if im.ndim != 3 or im.dtype != np.uint8 or m.shape != im.shape[:2]:
+            raise ValueError(f"images must be (H, W, 3) uint8 with (H, W) masks, got {im.shape} {im.dtype} "
+                             f"and {m.shape}")
+    if patch_size != model.patch_size:
+        raise ValueError(f"patch_size={patch_size} differs from model.patch_size={model.patch_size}")
+    if steps < 1 or batch < 1:
+        raise ValueError(f"steps and batch must be >= 1, got {steps}, {batch}")
+    if not 0.0 <= balanced <= 1.0:
+        raise ValueError(f"balanced must be a fraction in [0, 1], got {balanced}")
+
+    # 2. prepare
+    rng = np.random.default_rng(seed)
+    torch.manual_seed(seed)
+    p = patch_size
+    coarse = [coarse_image(im, p) for im in images] if model.use_global else None
+    fg = [np.flatnonzero((m > 0) & (m != 255)).astype(np.int64) for m in masks] if balanced > 0 else None
+    weight = None if class_weights is None else torch.tensor(class_weights, dtype=torch.float32, device=device)
+    model.to(device).train()
+    opt = torch.optim.AdamW(model.parameters(), lr=lr, weight_decay=1e-4)
+    warm = max(1, steps // 20)
+    sched = torch.optim.lr_scheduler.LambdaLR(
+        opt, lambda s: (s + 1) / warm if s < warm else 0.5 * (1 + np.cos(np.pi * (s - warm) / max(1, steps - warm))))
+    losses: list[float] = []
+    t0 = time.perf_counter()
+
+    # 3. optimise
+    for step in range(steps):
+        n_img = min(images_per_batch, batch)
+        picks = rng.choice(len(images), n_img, replace=len(images) < n_img)
+        patches, targets, coarses, boxes = [], [], [], []
+        for j, k in enumerate(picks):
+            flip_y, flip_x = rng.random(2) < 0.5
+            sl = (slice(None, None, -1 if flip_y else 1), slice(None, None, -1 if flip_x else 1))
+            image, mask = images[k][sl], masks[k][sl]
+            height, width = mask.shape
+            for _ in range(len(range(j, batch, n_img))):
+                if fg is not None and len(fg[k]) and rng.random() < balanced:
+                    cy, cx = divmod(int(fg[k][rng.integers(len(fg[k]))]), masks[k].shape[1])
+                    cy = height - 1 - cy if flip_y else cy
+                    cx = width - 1 - cx if flip_x else cx
+                    y0 = int(np.clip(cy - p // 2, 0, max(height - p, 0)))
+                    x0 = int(np.clip(cx - p // 2, 0, max(width - p, 0)))
+                else:
+                    y0 = int(rng.integers(max(height - p, 0) + 1))
+                    x0 = int(rng.integers(max(width - p, 0) + 1))
+                box = [(y0, x0, y0 + p, x0 + p)]
+                patches.append(extract_patches(image, box)[0])
+                targets.append(extract_patches(mask, box, channel_axis=None, pad_value=255)[0])
+                boxes.append([j, x0 * p / width, y0 * p / height, (x0 + p) * p / width, (y0 + p) * p / height])
+            if coarse is not None:
+                coarses.append(coarse[k][sl])
+        x = normalize(np.stack(patches)).to(device)
+        y = torch.from_numpy(np.stack(targets).astype(np.int64)).to(device)
+        if (y != 255).sum() == 0:
+            losses.append(float("nan"))
+            continue
+        if coarse is not None:
+            c = normalize(np.stack(coarses)).to(device)
+            b = torch.tensor(boxes, dtype=torch.float32, device=device)
+            logits = model.forward_patches(x, c, b)
+        else:
+            logits = model.forward_patches(x)
+        loss = F.cross_entropy(logits, y, weight=weight, ignore_index=255)
+        opt.zero_grad(set_to_none=True)
+        loss.backward()
+        opt.step()
+        sched.step()
+        losses.append(float(loss.detach()))
+        if log is not None and ((step + 1) % log_every == 0 or step + 1 == steps):
+            recent = [v for v in losses[-log_every:] if v == v]
+            log({"step": step + 1, "loss": float(np.mean(recent)) if recent else float("nan"),
+                 "lr": float(sched.get_last_lr()[0]), "seconds": round(time.perf_counter() - t0, 1)})
+    return model.eval(), losses
+
+
+# ---------------------------------------------------------------------------------------
+# evaluation
+# ---------------------------------------------------------------------------------------
+def vessel_scores(preds: Sequence[np.ndarray], masks: Sequence[np.ndarray], *, positive: int = 1) -> dict:
+    """Pooled IoU and F1 of class ``positive`` over images; mask 255 is ignored.
+
+    Returns ``{"iou", "f1", "tp", "fp", "fn"}`` (counts summed over all images).
+    """
+    tp = fp = fn = 0
+    for pred, mask in zip(preds, masks):
+        if pred.shape != mask.shape:
+            raise ValueError(f"prediction {pred.shape} and mask {mask.shape} differ in shape")
+        valid = mask != 255
+        p, t = (pred == positive) & valid, (mask == positive) & valid
+        tp += int((p & t).sum())
+        fp += int((p & ~t).sum())
+        fn += int((~p & t).sum())
+    return {"iou": tp / max(tp + fp + fn, 1), "f1": 2 * tp / max(2 * tp + fp + fn, 1), "tp": tp, "fp": fp, "fn": fn}
+
+
+def predict(model, image: np.ndarray, *, mode: str, overlap: int = 0, batch: int = 4, device: str = "cpu") -> np.ndarray:
+    """(H, W) uint8 labels of a working-resolution image.
+
+    ``mode="patches"``: :func:`models.global_local.segment_large` (with or without global
+    inputs, as the model says); ``mode="downsampled"``: the whole image resized to
+    ``model.patch_size`` square, logits resized back bilinearly, argmax.
+    """
+    import torch
+    import torch.nn.functional as F
+
+    from models.global_local import coarse_image, normalize, segment_large
+    if mode == "patches":
+        return segment_large(model, image, overlap=overlap, batch=batch, device=device)
+    if mode != "downsampled":
+        raise ValueError(f"mode must be 'patches' or 'downsampled', got {mode!r}")
+    x = normalize(coarse_image(image, model.patch_size))[None].to(device)
+    with torch.no_grad():
+        logits = model.eval().to(device).forward_patches(x)
+        logits = F.interpolate(logits, size=image.shape[:2], mode="bilinear", align_corners=False)
+    return logits[0].argmax(0).to(torch.uint8).cpu().numpy()
+
+
+def _overlay_png(path: Path, image: np.ndarray, truth: np.ndarray, pred: np.ndarray, width: int = 1200) -> None:
+    """image | ground truth (ignore grey) | prediction, side by side, each ``width`` px wide."""
+    import cv2
+    h, w = truth.shape
+    size = (width, max(1, round(h * width / w)))
+    img = cv2.resize(image, size, interpolation=cv2.INTER_AREA)
+    gt = np.where(truth == 255, 96, np.where(truth == 1, 255, 0)).astype(np.uint8)
+    gt = cv2.resize(gt, size, interpolation=cv2.INTER_AREA)
+    pr = cv2.resize((pred == 1).astype(np.uint8) * 255, size, interpolation=cv2.INTER_AREA)
+    panel = np.concatenate([img, np.repeat(gt[..., None], 3, 2), np.repeat(pr[..., None], 3, 2)], axis=1)
+    cv2.imwrite(str(path), np.ascontiguousarray(panel[..., ::-1]))
+
+
+# ---------------------------------------------------------------------------------------
+# memory probe (runs in a subprocess: peak RSS of one streamed inference)
+# ---------------------------------------------------------------------------------------
+def _rss_mb(field: str = "VmRSS") -> float:
+    """This process's resident set size (``VmRSS``) or its peak (``VmHWM``), in MB.
+
+    ``VmHWM`` belongs to the process's own address space; ``getrusage``'s ``ru_maxrss``
+    would not do here, because Linux carries it over from the (large) parent through
+    fork and exec.
+    """
+    with open("/proc/self/status") as f:
+        for line in f:
+            if line.startswith(field + ":"):
+                return int(line.split()[1]) / 1024
+    return float("nan")
+
+
+def _probe(checkpoint: str, image_zarr: str, out_zarr: str, patch_size: int, overlap: int, batch: int,
+           threads: int) -> dict:
+    import torch
+    import zarr
+
+    from models import load_checkpoint
+    from models.global_local import segment_large
+    torch.set_num_threads(threads)
+    model, _ = load_checkpoint(checkpoint)
+    src = zarr.open_array(image_zarr, mode="r")
+    height, width = src.shape[:2]
+    dst = zarr.create_array(store=out_zarr, shape=(height, width), chunks=(patch_size, min(width, 4096)),
+                            dtype="uint8", overwrite=True)
+    rss0 = _rss_mb()
+    t0 = time.perf_counter()
+    segment_large(model, src, patch_size=patch_size, overlap=overlap, batch=batch, out=dst)
+    seconds = time.perf_counter() - t0
+    peak = _rss_mb("VmHWM")
+    return {"peak_rss_mb": peak, "rss_before_mb": rss0, "seconds": seconds, "pixels": height * width}
+
+
+def _run_probe(checkpoint: Path, image: np.ndarray, tmp: Path, tag: str, *, patch_size: int, overlap: int,
+               batch: int, threads: int) -> dict:
+    import zarr
+    src = tmp / f"{tag}_image.zarr"
+    z = zarr.create_array(store=str(src), shape=image.shape, chunks=(patch_size, patch_size, 3), dtype="uint8",
+                          overwrite=True)
+    z[:] = image
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(_ROOT), os.environ.get("PYTHONPATH")]))}
+    cmd = [sys.executable, "-m", "flows.highres", "_probe", str(checkpoint), str(src), str(tmp / f"{tag}_out.zarr"),
+           str(patch_size), str(overlap), str(batch), str(threads)]
+    res = subprocess.run(cmd, capture_output=True, text=True, env=env, cwd=str(_ROOT))
+    if res.returncode != 0:
+        raise RuntimeError(f"memory probe failed:\n{res.stderr[-2000:]}")
+    return json.loads(res.stdout.strip().splitlines()[-1])
+
+
+# ---------------------------------------------------------------------------------------
+# benchmark
+# ---------------------------------------------------------------------------------------
+def bench_highres(data_dir: str | os.PathLike, split: str, out_json: str | os.PathLike, *, train_n: int = 12,
+                  eval_n: int = 3, patch_size: int = 256, scale: float = 0.5, steps: int = 400, batch: int = 4,
+                  lr: float = 2e-3, width: int = 16, blocks: Sequence[int] = (1, 1, 1), overlap: int = 32,
+                  balanced: float = 0.0, class_weights: Sequence[float] | None = (1.0, 2.0), seed: int = 0,
+                  threads: int | None = 2, device: str = "cpu", log: Callable[[str], None] = print) -> dict:
+    """Global-local vs. patches without context vs. downsampled whole image, on HRF-style data.
+
+    All three variants use the same network (:func:`models.global_local.global_local`
+    with ``width`` and ``blocks``), the same training images, ``steps`` steps of ``batch``
+    ``patch_size`` inputs each, and the same seed:
+
+    (a) ``global_local``: patches + coarse image + ROIAlign'd context, inference by
+        :func:`models.global_local.segment_large` with ``overlap``;
+    (b) ``patch_only``: ``use_global=False``, same patches and inference;
+    (c) ``downsampled``: ``use_global=False`` trained on whole images resized to
+        ``patch_size`` square; logits resized back bilinearly.
+
+    Images are processed at ``scale`` of their size; predictions are resized back (nearest)
+    and scored (vessel IoU and F1, pooled over the evaluation images) at full resolution.
+
+    Memory: two subprocesses each run one streamed :func:`segment_large` of (a) on an
+    evaluation image stored as a Zarr array, writing labels to a Zarr array: at the
+    working size (``1x``) and at twice its side (``2x``, bilinear upsampling).
+    ``peak_mem_mb_*`` is the subprocess's peak resident set size (``VmHWM``: Python,
+    torch, the model and everything the inference allocated);
+    ``peak_mem_increment_mb_*`` is that peak minus the RSS just before the call.
+    ``mpix_per_s`` = pixels / seconds of the 2x inference, on CPU with ``threads`` threads.
+
+    Returns the dict written to ``out_json`` (keys ``global_local_iou``,
+    ``global_local_f1``, ``patch_only_iou``, ``patch_only_f1``, ``downsampled_iou``,
+    ``downsampled_f1``, ``peak_mem_mb_1x``, ``peak_mem_mb_2x``, ``peak_mem_ratio_2x``,
+    ``mpix_per_s``, ``wall_seconds`` and details); the overlay PNG
+    ``<out_json stem>_overlay.png`` and the global-local checkpoint
+    ``<out_json stem>_global_local.pt`` are written beside it.
+    """
+    import cv2
+    import torch
+
+    from models import save_checkpoint
+    from models.global_local import global_local
+
+    t_start = time.perf_counter()
+    data_dir, out_json = Path(data_dir), Path(out_json)
+    if threads:
+        torch.set_num_threads(threads)
+    out_json.parent.mkdir(parents=True, exist_ok=True)
+
+    # 1. data at working resolution
+    train_ids, eval_ids = load_split(data_dir, split, train_n=train_n, eval_n=eval_n)
+    images, masks, _ = _load(data_dir, train_ids, scale)
+    ev_images, _, ev_full = _load(data_dir, eval_ids, scale, full_masks=True)
+    log(f"highres: {len(train_ids)} training / {len(eval_ids)} evaluation images at {images[0].shape[1]}x"
+        f"{images[0].shape[0]} (scale {scale}), patch {patch_size}, {steps} steps x {batch}")
+    options = dict(patch_size=patch_size, width=width, blocks=tuple(blocks))
+    results: dict = {"train_ids": train_ids, "eval_ids": eval_ids, "scale": scale, "patch_size": patch_size,
+                     "steps": steps, "batch": batch, "width": width, "blocks": list(blocks), "overlap": overlap,
+                     "threads": threads, "seed": seed}
+
+    def _train(name, model, imgs, msks):
+        t = time.perf_counter()
+        model, losses = train_highres(imgs, msks, model=model, patch_size=patch_size, steps=steps, batch=batch,
+                                      lr=lr, seed=seed, device=device, balanced=balanced,
+                                      class_weights=class_weights, log_every=max(1, steps // 5),
+                                      log=lambda d: log(f"  {name} step {d['step']}: loss {d['loss']:.4f} "
+                                                        f"({d['seconds']} s)"))
+        results[f"{name}_train_seconds"] = round(time.perf_counter() - t, 1)
+        results[f"{name}_final_loss"] = float(np.nanmean(losses[-max(1, steps // 10):]))
+        return model
+
+    def _evaluate(name, model, mode):
+        t = time.perf_counter()
+        preds = []
+        for image, full in zip(ev_images, ev_full):
+            pred = predict(model, image, mode=mode, overlap=overlap, batch=batch, device=device)
+            preds.append(upsample_labels(pred, *full.shape))
+        scores = vessel_scores(preds, ev_full)
+        results[f"{name}_iou"], results[f"{name}_f1"] = scores["iou"], scores["f1"]
+        results[f"{name}_eval_seconds"] = round(time.perf_counter() - t, 1)
+        log(f"  {name}: vessel IoU {scores['iou']:.4f}  F1 {scores['f1']:.4f}")
+        return preds
+
+    # 2. (a) global-local
+    torch.manual_seed(seed)
+    gl = _train("global_local", global_local(2, 3, **options), images, masks)
+    gl_preds = _evaluate("global_local", gl, "patches")
+    ckpt = out_json.with_name(out_json.stem + "_global_local.pt")
+    save_checkpoint(ckpt, gl, builder_ref="global_local", num_classes=2, in_channels=3, options=options,
+                    meta={"scale": scale, "overlap": overlap, "classes": ["background", "vessel"]})
+    # 3. (b) same network, no global context
+    torch.manual_seed(seed)
+    po = _train("patch_only", global_local(2, 3, use_global=False, **options), images, masks)
+    _evaluate("patch_only", po, "patches")
+    # 4. (c) whole image downsampled to the patch size
+    small_imgs = [cv2.resize(im, (patch_size, patch_size), interpolation=cv2.INTER_AREA) for im in images]
+    small_msks = [reduce_mask(m, (patch_size, patch_size)) for m in masks]
+    torch.manual_seed(seed)
+    ds = _train("downsampled", global_local(2, 3, use_global=False, **options), small_imgs, small_msks)
+    _evaluate("downsampled", ds, "downsampled")
+
+    # 5. overlay of the first evaluation image
+    overlay = out_json.with_name(out_json.stem + "_overlay.png")
+    full_image = read_image(data_dir / "images" / f"{eval_ids[0]}.jpg", 1.0)
+    _overlay_png(overlay, full_image, ev_full[0], gl_preds[0])
+    del full_image
+
+    # 6. peak memory of streamed inference at 1x and 2x the side, CPU throughput
+    with tempfile.TemporaryDirectory() as tmp:
+        image = ev_images[0]
+        big = cv2.resize(image, (2 * image.shape[1], 2 * image.shape[0]), interpolation=cv2.INTER_LINEAR)
+        kw = dict(patch_size=patch_size, overlap=overlap, batch=batch, threads=threads or torch.get_num_threads())
+        one = _run_probe(ckpt, image, Path(tmp), "1x", **kw)
+        two = _run_probe(ckpt, big, Path(tmp), "2x", **kw)
+        del big
+    results.update({
+        "peak_mem_mb_1x": round(one["peak_rss_mb"], 1), "peak_mem_mb_2x": round(two["peak_rss_mb"], 1),
+        "peak_mem_ratio_2x": round(two["peak_rss_mb"] / one["peak_rss_mb"], 4),
+        "peak_mem_increment_mb_1x": round(one["peak_rss_mb"] - one["rss_before_mb"], 1),
+        "peak_mem_increment_mb_2x": round(two["peak_rss_mb"] - two["rss_before_mb"], 1),
+        "probe_size_1x": list(image.shape[:2]), "probe_size_2x": [2 * image.shape[0], 2 * image.shape[1]],
+        "mpix_per_s": round(two["pixels"] / two["seconds"] / 1e6, 4),
+        "mpix_per_s_1x": round(one["pixels"] / one["seconds"] / 1e6, 4),
+        "overlay_png": overlay.name, "checkpoint": ckpt.name,
+    })
+    log(f"  memory: peak {results['peak_mem_mb_1x']} MB (1x) / {results['peak_mem_mb_2x']} MB (2x), ratio "
+        f"{results['peak_mem_ratio_2x']}; {results['mpix_per_s']} Mpx/s")
+    results["wall_seconds"] = round(time.perf_counter() - t_start, 1)
+    out_json.write_text(json.dumps(results, indent=2))
+    log(f"highres: wrote {out_json} ({results['wall_seconds']} s)")
+    return results
+
+
+# ---------------------------------------------------------------------------------------
+# inference on files
+# ---------------------------------------------------------------------------------------
+def _palette(num_classes: int) -> list[int]:
+    """Flat 768-entry palette: 2 classes black/white, more classes the PASCAL VOC colours."""
+    if num_classes <= 2:
+        colors = [(0, 0, 0), (255, 255, 255)]
+    else:
+        colors = []
+        for i in range(256):
+            r = g = b = 0
+            c = i
+            for j in range(8):
+                r |= ((c >> 0) & 1) << (7 - j)
+                g |= ((c >> 1) & 1) << (7 - j)
+                b |= ((c >> 2) & 1) << (7 - j)
+                c >>= 3
+            colors.append((r, g, b))
+    flat = [v for c in colors for v in c]
+    return (flat + [0] * 768)[:768]
+
+
+def _image_size(path: Path) -> tuple[int, int]:
+    """(height, width) from the file header, without decoding the pixels."""
+    from PIL import Image
+    limit, Image.MAX_IMAGE_PIXELS = Image.MAX_IMAGE_PIXELS, None
+    try:
+        with Image.open(path) as im:
+            return im.size[1], im.size[0]
+    except OSError:
+        return read_image(path).shape[:2]
+    finally:
+        Image.MAX_IMAGE_PIXELS = limit
+
+
+def segment(inputs: Sequence[str | os.PathLike], checkpoint: str | os.PathLike, out_dir: str | os.PathLike, *,
+            patch_size: int | None = None, overlap: int | None = None, batch: int = 4, device: str = "cpu",
+            log: Callable[[str], None] = print) -> list[Path]:
+    """Segment image files with a global-local checkpoint.
+
+    Each image is read, reduced to the checkpoint's working ``scale`` (``meta["scale"]``,
+    1 if absent), segmented patch by patch (:func:`models.global_local.segment_large`),
+    and the labels are resized back to the image's size.  Writes ``<out_dir>/<stem>.png``
+    (palette PNG of class indices) and, for outputs above 50 megapixels, also
+    ``<out_dir>/<stem>.zarr`` (uint8 (H, W) array written band by band).
+
+    Returns the written PNG paths.
+    """
+    from PIL import Image
+
+    from models import load_checkpoint
+    from models.global_local import segment_large
+
+    paths = [Path(p) for p in inputs]
+    missing = [str(p) for p in paths if not p.exists()]
+    if missing:
+        raise ValueError(f"input images not found: {', '.join(missing)}")
+    if batch < 1:
+        raise ValueError(f"batch must be >= 1, got {batch}")
+    model, state = load_checkpoint(checkpoint, device=device)
+    meta = state.get("meta", {})
+    scale = float(meta.get("scale", 1.0))
+    overlap = int(meta.get("overlap", 0) if overlap is None else overlap)
+    out_dir = Path(out_dir)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    written = []
+    for n, path in enumerate(paths, 1):
+        t0 = time.perf_counter()
+        height, width = _image_size(path)
+        work = read_image(path, scale)
+        if scale != 1.0:
+            print_scale = f" (at {work.shape[1]}x{work.shape[0]})"
+        else:
+            print_scale = ""
+        labels = segment_large(model, work, patch_size=patch_size, overlap=overlap, batch=batch, device=device)
+        full = upsample_labels(labels, height, width)
+        if height * width > LARGE_OUTPUT_PIXELS:
+            import zarr
+            z = zarr.create_array(store=str(out_dir / f"{path.stem}.zarr"), shape=(height, width),
+                                  chunks=(1024, 1024), dtype="uint8", overwrite=True)
+            upsample_labels(labels, height, width, out=z)
+        im = Image.fromarray(full)
+        im.putpalette(_palette(model.num_classes))
+        png = out_dir / f"{path.stem}.png"
+        im.save(png)
+        written.append(png)
+        shares = np.bincount(full.ravel(), minlength=model.num_classes) / full.size
+        log(f"[{n}/{len(paths)}] {path.name}: {width}x{height}{print_scale}, {time.perf_counter() - t0:.1f} s, "
+            f"{png}{' + .zarr' if height * width > LARGE_OUTPUT_PIXELS else ''}, class shares "
+            + " ".join(f"{s:.3f}" for s in shares))
+    return written
+
+
+# ---------------------------------------------------------------------------------------
+# command line
+# ---------------------------------------------------------------------------------------
+def _segment_main(args: argparse.Namespace) -> int:
+    import torch
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    try:
+        segment(args.inputs, args.checkpoint, args.out_dir, patch_size=args.patch_size, overlap=args.overlap,
+                batch=args.batch, device=args.device)
+    except ValueError as e:
+        print(f"wsseg segment: error: {e}", file=sys.stderr)
+        return 2
+    return 0
+
+
+def add_segment_parser(subparsers) -> argparse.ArgumentParser:
+    """Register ``segment``: apply a global-local checkpoint to images of any size."""
+    p = subparsers.add_parser(
+        "segment", help="segment (ultra-)high-resolution images patch by patch with a global-local checkpoint",
+        description="Segment images of any size with a global-local checkpoint (METHOD.md C): patches plus the "
+                    "whole image's coarse context, stitched with bounded memory. Writes <out-dir>/<stem>.png "
+                    "(palette PNG of class indices) and, above 50 megapixels, <out-dir>/<stem>.zarr.")
+    p.add_argument("inputs", nargs="+", help="image files (JPEG/PNG/TIFF)")
+    p.add_argument("--checkpoint", required=True, help="checkpoint written by `wsseg bench highres` (or save_checkpoint)")
+    p.add_argument("--out-dir", required=True, help="folder for the label PNGs (created)")
+    p.add_argument("--patch-size", type=int, default=None, help="patch side (default: the model's)")
+    p.add_argument("--overlap", type=int, default=None, help="patch overlap in pixels (default: the checkpoint's)")
+    p.add_argument("--batch", type=int, default=4, help="patches per forward pass (default 4)")
+    p.add_argument("--device", default="cpu", help="torch device (default cpu)")
+    p.add_argument("--threads", type=int, default=None, help="torch CPU threads (default: torch's)")
+    p.set_defaults(func=_segment_main)
+    return p
+
+
+def _bench_main(args: argparse.Namespace) -> int:
+    try:
+        bench_highres(args.data_dir, args.split, args.out_json, train_n=args.train_n, eval_n=args.eval_n,
+                      patch_size=args.patch_size, scale=args.scale, steps=args.steps, batch=args.batch, lr=args.lr,
+                      width=args.width, overlap=args.overlap, balanced=args.balanced, seed=args.seed,
+                      threads=args.threads, device=args.device)
+    except ValueError as e:
+        print(f"wsseg bench highres: error: {e}", file=sys.stderr)
+        return 2
+    return 0
+
+
+def add_bench_highres_parser(bench_subparsers) -> argparse.ArgumentParser:
+    """Register ``highres`` under ``bench``: global-local vs. patch-only vs. downsampled."""
+    p = bench_subparsers.add_parser(
+        "highres", help="global-local vs. patches without context vs. downsampled image, with memory and speed",
+        description="Train and score, on the same images and step budget, (a) the global-local network, (b) the "
+                    "same network on patches without global context, (c) the whole image downsampled to the "
+                    "patch size; measure peak memory of streamed inference at 1x and 2x the side and CPU "
+                    "megapixels per second. Writes the JSON, an overlay PNG and the global-local checkpoint.")
+    p.add_argument("--data-dir", required=True, help="folder with images/<id>.jpg, masks/<id>.png, <split>.txt "
+                                                     "(masks: 0 background, 1 vessel, 255 ignore)")
+    p.add_argument("--split", default="train", help="id list to draw train and eval images from (default train)")
+    p.add_argument("--out-json", required=True, help="result JSON (overlay PNG and checkpoint go beside it)")
+    p.add_argument("--train-n", type=int, default=12, help="training images (default 12)")
+    p.add_argument("--eval-n", type=int, default=3, help="evaluation images (default 3)")
+    p.add_argument("--patch-size", type=int, default=256, help="patch side at working resolution (default 256)")
+    p.add_argument("--scale", type=float, default=0.5, help="working resolution / original (default 0.5)")
+    p.add_argument("--steps", type=int, default=400, help="training steps per variant (default 400)")
+    p.add_argument("--batch", type=int, default=4, help="patches per step (default 4)")
+    p.add_argument("--lr", type=float, default=2e-3, help="peak learning rate (default 2e-3)")
+    p.add_argument("--width", type=int, default=16, help="backbone channels (default 16)")
+    p.add_argument("--overlap", type=int, default=32, help="patch overlap at inference (default 32)")
+    p.add_argument("--balanced", type=float, default=0.0, help="fraction of patches centred on vessels (default 0)")
+    p.add_argument("--seed", type=int, default=0, help="random seed (default 0)")
+    p.add_argument("--threads", type=int, default=2, help="torch CPU threads (default 2)")
+    p.add_argument("--device", default="cpu", help="torch device (default cpu)")
+    p.set_defaults(func=_bench_main)
+    return p
+
+
+if __name__ == "__main__":
+    if len(sys.argv) == 9 and sys.argv[1] == "_probe":
+        _a = sys.argv[2:]
+        print(json.dumps(_probe(_a[0], _a[1], _a[2], int(_a[3]), int(_a[4]), int(_a[5]), int(_a[6]))))
+    else:
+        print("usage: python -m flows.highres _probe CKPT IMAGE_ZARR OUT_ZARR PATCH OVERLAP BATCH THREADS "
+              "(internal; use `wsseg bench highres` / `wsseg segment`)", file=sys.stderr)
+        sys.exit(2)
