@@ -33,3 +33,46 @@ def builder(name: str) -> Callable[..., nn.Module]:
 def build_model(name: str, num_classes: int, in_channels: int = 4, **options) -> nn.Module:
     """Build a registered segmentation network by name."""
     return builder(name)(num_classes, in_channels=in_channels, **options)
+
+
+def save_checkpoint(path, model: nn.Module, *, builder_ref: str, num_classes: int, in_channels: int,
+                    options: dict | None = None, meta: dict | None = None) -> None:
+    """A self-describing inference checkpoint: weights plus how to rebuild the network.
+
+    ``builder_ref`` is a registry name or ``"module:function"``.
+    """
+    import os
+    from pathlib import Path
+
+    import torch
+
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    state = {"builder": builder_ref, "num_classes": num_classes, "in_channels": in_channels,
+             "options": options or {}, "meta": meta or {},
+             "model": {k: v.detach().cpu() for k, v in model.state_dict().items()}}
+    tmp = path.with_name(f".{path.name}.tmp")
+    torch.save(state, tmp)
+    os.replace(tmp, path)
+
+
+def load_checkpoint(path, device="cpu") -> tuple[nn.Module, dict]:
+    """Rebuild a network saved by :func:`save_checkpoint`; returns (model in eval mode, state)."""
+    import torch
+
+    try:
+        state = torch.load(path, map_location=device, weights_only=False)
+    except (OSError, RuntimeError) as e:
+        raise ValueError(f"{path}: not a readable wsseg checkpoint ({e})") from e
+    if not isinstance(state, dict) or "builder" not in state:
+        raise ValueError(f"{path}: not a wsseg checkpoint (no 'builder' entry); "
+                         "pass a file written by `wsseg train` or an MLflow run's model.pt")
+    ref = state["builder"]
+    if ":" in ref:
+        module, attr = ref.split(":")
+        build = getattr(importlib.import_module(module), attr)
+    else:
+        build = builder(ref)
+    model = build(state["num_classes"], in_channels=state["in_channels"], **state["options"])
+    model.load_state_dict(state["model"])
+    return model.to(device).eval(), state

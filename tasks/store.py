@@ -124,7 +124,7 @@ class Store:
 
     def _write_array(self, group: Path, name: str, arr: np.ndarray, attrs: dict | None = None) -> None:
         g = self._group(group)
-        a = g.create_array(name, shape=arr.shape, dtype=arr.dtype, chunks=arr.shape or None,
+        a = g.create_array(name, shape=arr.shape, dtype=arr.dtype, chunks=arr.shape,
                            overwrite=True, fill_value=0)
         a[...] = arr
         # The attribute is written after the data: an array without it is incomplete.
@@ -212,7 +212,7 @@ class Store:
         base = self.cache_dir(stage, key)
         for name, arr in arrays.items():
             self._write_array(base, f"{sha[:24]}.{name}", np.ascontiguousarray(arr))
-        self._write_array(base, sha[:24], np.zeros((), np.uint8), {"parts": sorted(arrays)})
+        self._write_array(base, sha[:24], np.zeros(1, np.uint8), {"parts": sorted(arrays)})
 
     def cached(self, stage: str, key: str, sha: str) -> dict[str, np.ndarray]:
         base = self.cache_dir(stage, key)
@@ -300,3 +300,11 @@ def sha256_file(path: str | os.PathLike) -> str:
         for block in iter(lambda: f.read(1 << 20), b""):
             h.update(block)
     return h.hexdigest()
+
+
+def records_by_id(records: list[ImageRecord], ids: list[str]) -> list[ImageRecord]:
+    index = {r.image_id: r for r in records}
+    missing = [i for i in ids if i not in index]
+    if missing:
+        raise KeyError(f"image ids not in the corpus manifest: {missing[:5]}")
+    return [index[i] for i in ids]

@@ -226,7 +226,7 @@ def fit(model: nn.Module, ds: StoreDataset, loss_fn: Callable, cfg: TrainConfig,
             opt.step()
             if sched.last_epoch < sched.total_steps - 1:
                 sched.step()
-            total += float(loss) * len(x)
+            total += float(loss.detach()) * len(x)
             count += len(x)
             n_images += len(x)
             t_ready = time.perf_counter()

@@ -1,0 +1,84 @@
+"""Typed parameters of the flows: every threshold and choice of METHOD.md is one field here,
+so Prefect shows and records it with each flow run and MLflow logs it with each round."""
+from __future__ import annotations
+
+from typing import Literal
+
+from pydantic import BaseModel, Field
+
+
+class FeatureConfig(BaseModel):
+    """Per-image features, computed once per image content and parameter set (step 2, B)."""
+
+    superpixel_method: Literal["slico", "slic", "mslic", "skimage_slic", "felzenszwalb"] = "slico"
+    region_size: int = Field(16, ge=4, description="superpixel side in pixels")
+    ruler: float = 10.0
+    edge_sigma: float = 1.0
+    edge_tau: float = Field(0.5, description="tau of the weighted vote F = sum w_k X_k - (1 + tau)")
+    proposal_min_size: float = Field(0.002, description="smallest proposal, share of the image")
+    proposal_diversify: bool = False
+
+
+class ClassifierConfig(BaseModel):
+    """The image classifier whose CAMs are round 0's preliminary result (step 4)."""
+
+    epochs: int = 40
+    size: int = 224
+    width: int = 24
+    batch_size: int = 16
+    lr: float = 2e-3
+    max_seconds: float | None = None
+    cam_scales: tuple[float, ...] = (0.75, 1.0, 1.25)
+    background_threshold: float = Field(0.35, description="CAM score of the implicit background class")
+
+
+class ProposalConfig(BaseModel):
+    """Proposal classifier (step 3, cross-entropy), filtering (5), fusion (6), seeding (7)."""
+
+    hidden: int = 256
+    epochs: int = 30
+    lr: float = 1e-3
+    target_sharpen: float = 2.0
+    t1: float = Field(0.3, ge=0, le=1)
+    p1: float = Field(0.5, ge=0, le=1)
+    t2: float = Field(0.1, ge=0, le=1)
+    p2: float = Field(0.2, ge=0, le=1)
+    fusion: Literal["topk", "threshold"] = "topk"
+    k: int = 5
+    threshold: float = 0.5
+    clustering: Literal["kmeans", "quantile"] = "kmeans"
+    seeding: Literal["random_walker", "grabcut", "none"] = "random_walker"
+    beta: float = 130.0
+    downscale: int = 2
+    min_confidence: float = 0.0
+
+
+class SegmentationConfig(BaseModel):
+    """The segmentation model trained on the pseudo-labels (step 8)."""
+
+    model: str = "small"
+    width: int = 24
+    epochs: int = 12
+    batch_size: int = 8
+    lr: float = 2e-3
+    crop: int = 224
+    max_seconds: float | None = None
+    patience: int = 4
+    use_edges: bool = Field(True, description="feed the feature-region map as a 4th input channel")
+    finetune: bool = Field(True, description="start round r from model r-1")
+    num_workers: int = 1
+
+
+class WSSSConfig(BaseModel):
+    """Everything a refresh run depends on."""
+
+    features: FeatureConfig = FeatureConfig()
+    classifier: ClassifierConfig = ClassifierConfig()
+    proposals: ProposalConfig = ProposalConfig()
+    segmentation: SegmentationConfig = SegmentationConfig()
+    max_rounds: int = Field(3, ge=1)
+    epsilon: float = Field(0.02, description="converged when the changed-pixel share falls below this")
+    split: str = "train"
+    shard_size: int = Field(16, ge=1)
+    seed: int = 0
+    device: str = "auto"

@@ -1,0 +1,75 @@
+"""Process set-up shared by every command: offline hygiene and the Dask cluster.
+
+``prepare(run_dir)`` must run before prefect is imported: it points PREFECT_HOME, Dask's
+scratch space and MLflow at the run directory, switches analytics and telemetry off, and keeps
+Prefect's console logging quiet (our own progress lines are the terminal's view).
+"""
+from __future__ import annotations
+
+import contextlib
+import os
+import sys
+import time
+from pathlib import Path
+from typing import Iterator
+
+
+def prepare(run_dir: str | os.PathLike, *, verbose: bool = False) -> Path:
+    run = Path(run_dir).resolve()
+    run.mkdir(parents=True, exist_ok=True)
+    env = {
+        "PREFECT_HOME": str(run / ".prefect"),
+        "PREFECT_SERVER_ANALYTICS_ENABLED": "false",
+        "PREFECT_LOGGING_LEVEL": "INFO" if verbose else "WARNING",
+        "PREFECT_SERVER_LOGGING_LEVEL": "WARNING",
+        "PREFECT_UI_ENABLED": "false",
+        "DASK_TEMPORARY_DIRECTORY": str(run / "dask-scratch"),
+        "DASK_DISTRIBUTED__WORKER__DAEMON": "false",
+        "MLFLOW_DISABLE_TELEMETRY": "true",
+        "MLFLOW_TRACKING_URI": os.environ.get("MLFLOW_TRACKING_URI") or f"sqlite:///{run / 'mlflow.db'}",
+        "DO_NOT_TRACK": "1",
+        "DASK_LOGGING__DISTRIBUTED": "error",
+        # the embedded Prefect API server runs its migrations on first start: give it time on
+        # a busy two-core machine
+        "PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS": "180",
+    }
+    tracking = env.pop("MLFLOW_TRACKING_URI")
+    os.environ.update(env)
+    os.environ.setdefault("MLFLOW_TRACKING_URI", tracking)  # a user's MLflow server wins
+    return run
+
+
+@contextlib.contextmanager
+def dask_cluster(address: str | None, n_workers: int, run_dir: Path) -> Iterator[str]:
+    """The scheduler address to run shard tasks on: ``address`` if given, else a LocalCluster
+    of one single-threaded worker process per core, closed on exit."""
+    if address:
+        yield address
+        return
+    from distributed import LocalCluster
+
+    with LocalCluster(n_workers=n_workers, threads_per_worker=1, processes=True,
+                      dashboard_address=":0", local_directory=str(run_dir / "dask-scratch"),
+                      silence_logs=40) as cluster:
+        yield cluster.scheduler_address
+
+
+class Progress:
+    """One-line progress messages on stderr: ``[stage] done/total unit  elapsed``."""
+
+    def __init__(self, stage: str, total: int, unit: str = "images", stream=None):
+        self.stage, self.total, self.unit = stage, total, unit
+        self.done = 0
+        self.t0 = time.perf_counter()
+        self.stream = stream or sys.stderr
+
+    def advance(self, n: int, note: str = "") -> None:
+        self.done += n
+        el = time.perf_counter() - self.t0
+        eta = el / self.done * (self.total - self.done) if self.done else 0.0
+        extra = f"  {note}" if note else ""
+        print(f"  [{self.stage}] {self.done}/{self.total} {self.unit}  {el:5.1f}s  eta {eta:4.0f}s{extra}",
+              file=self.stream, flush=True)
+
+    def message(self, text: str) -> None:
+        print(f"  [{self.stage}] {text}", file=self.stream, flush=True)

@@ -1,0 +1,113 @@
+"""Proposal classification (METHOD.md A step 3, claim 4).
+
+A small MLP on proposal appearance features, trained with cross-entropy across the whole
+corpus. Its targets come from the round's preliminary result: the (sharpened) mean
+preliminary class probabilities inside each proposal, restricted to the image's tags. Because
+the classifier sees every image at once, what it learns about a class where the preliminary
+result is right (grass alone in a field) corrects the images where it is wrong (grass beside
+a cow). Softmax is always restricted to the image's tags: only tagged classes can be present.
+"""
+from __future__ import annotations
+
+import numpy as np
+import scipy.sparse as sp
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+
+class ProposalMLP(nn.Module):
+    """Standardised features -> two hidden layers -> class logits."""
+
+    def __init__(self, in_features: int, num_classes: int, hidden: int = 256):
+        super().__init__()
+        self.register_buffer("mean", torch.zeros(in_features))
+        self.register_buffer("std", torch.ones(in_features))
+        self.net = nn.Sequential(
+            nn.Linear(in_features, hidden), nn.ReLU(inplace=True), nn.Dropout(0.2),
+            nn.Linear(hidden, hidden), nn.ReLU(inplace=True), nn.Dropout(0.2),
+            nn.Linear(hidden, num_classes),
+        )
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.net((x - self.mean) / self.std)
+
+
+def proposal_targets(membership: sp.csr_matrix, sp_prob: np.ndarray, sp_areas: np.ndarray,
+                     tags: np.ndarray, *, sharpen: float = 2.0) -> np.ndarray:
+    """(P, K) soft targets: area-weighted mean of the per-superpixel preliminary probabilities
+    inside each proposal, restricted to ``tags``, raised to ``sharpen`` and renormalised.
+
+    Parameters
+    ----------
+    membership : (P, S) sparse bool
+    sp_prob : (S, K) float, preliminary class probabilities averaged per superpixel
+    sp_areas : (S,) pixel counts
+    tags : (K,) bool, the classes that may be present (object tags + implicit background)
+    """
+    if sp_prob.shape[0] != membership.shape[1] or sp_areas.shape[0] != membership.shape[1]:
+        raise ValueError(f"membership has {membership.shape[1]} superpixels but sp_prob has "
+                         f"{sp_prob.shape[0]} and sp_areas {sp_areas.shape[0]}")
+    m = sp.csr_matrix(membership, dtype=np.float64)
+    weighted = m @ (sp_prob.astype(np.float64) * sp_areas[:, None])
+    t = weighted / np.maximum(m @ sp_areas.astype(np.float64), 1e-9)[:, None]
+    t = np.where(tags[None, :], np.maximum(t, 0.0), 0.0) ** sharpen
+    s = t.sum(1, keepdims=True)
+    uniform = tags[None, :] / max(int(tags.sum()), 1)
+    return np.where(s > 1e-12, t / np.maximum(s, 1e-12), uniform).astype(np.float32)
+
+
+def train_proposal_classifier(features: list[np.ndarray], targets: list[np.ndarray], tags: list[np.ndarray], *,
+                              hidden: int = 256, epochs: int = 30, lr: float = 1e-3, batch_size: int = 1024,
+                              seed: int = 0) -> tuple[ProposalMLP, list[float]]:
+    """Train the proposal classifier with soft cross-entropy over the tagged classes.
+
+    Parameters
+    ----------
+    features : per image (P_i, D) float
+    targets : per image (P_i, K) soft targets (rows sum to 1 over the tagged classes)
+    tags : per image (K,) bool
+
+    Returns
+    -------
+    model, per-epoch mean losses
+    """
+    if not (len(features) == len(targets) == len(tags)) or not features:
+        raise ValueError("features, targets and tags must be non-empty lists of equal length")
+    g = torch.Generator().manual_seed(seed)
+    torch.manual_seed(seed)
+    x = torch.from_numpy(np.concatenate(features).astype(np.float32))
+    y = torch.from_numpy(np.concatenate(targets).astype(np.float32))
+    mask = torch.from_numpy(np.concatenate([np.repeat(t[None], len(f), 0) for t, f in zip(tags, features)]))
+    model = ProposalMLP(x.shape[1], y.shape[1], hidden)
+    model.mean.copy_(x.mean(0))
+    model.std.copy_(x.std(0).clamp_min(1e-4))
+    opt = torch.optim.AdamW(model.parameters(), lr=lr, weight_decay=1e-4)
+    n = len(x)
+    steps = max(1, (n + batch_size - 1) // batch_size)
+    sched = torch.optim.lr_scheduler.OneCycleLR(opt, max_lr=lr, total_steps=epochs * steps)
+    losses = []
+    model.train()
+    for _ in range(epochs):
+        perm = torch.randperm(n, generator=g)
+        total = 0.0
+        for i in range(steps):
+            idx = perm[i * batch_size:(i + 1) * batch_size]
+            logits = model(x[idx]).masked_fill(~mask[idx], -1e4)
+            loss = -(y[idx] * F.log_softmax(logits, 1)).sum(1).mean()
+            opt.zero_grad(set_to_none=True)
+            loss.backward()
+            opt.step()
+            sched.step()
+            total += float(loss.detach()) * len(idx)
+        losses.append(total / n)
+    model.eval()
+    return model, losses
+
+
+@torch.no_grad()
+def predict_proposals(model: ProposalMLP, features: np.ndarray, tags: np.ndarray) -> np.ndarray:
+    """(P, K) class probabilities of each proposal; zero outside ``tags``."""
+    logits = model(torch.from_numpy(features.astype(np.float32)))
+    logits = logits.masked_fill(~torch.from_numpy(tags)[None], -1e4)
+    return logits.softmax(1).numpy().astype(np.float32)

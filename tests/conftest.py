@@ -1,0 +1,53 @@
+"""Test set-up: keep Prefect, Dask and MLflow state in a temporary directory, offline."""
+import os
+import shutil
+import tempfile
+from pathlib import Path
+
+import pytest
+
+_HOME = Path(tempfile.mkdtemp(prefix="wsseg-tests-"))
+os.environ.update({
+    "PREFECT_HOME": str(_HOME / ".prefect"),
+    "PREFECT_SERVER_ANALYTICS_ENABLED": "false",
+    "PREFECT_LOGGING_LEVEL": "WARNING",
+    "PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS": "180",
+    "DASK_TEMPORARY_DIRECTORY": str(_HOME / "dask"),
+    "DASK_LOGGING__DISTRIBUTED": "error",
+    "MLFLOW_DISABLE_TELEMETRY": "true",
+    "DO_NOT_TRACK": "1",
+})
+os.environ.pop("MLFLOW_TRACKING_URI", None)
+
+SAMPLE = Path(__file__).resolve().parents[1] / "flows" / "sample" / "msrc21"
+
+
+@pytest.fixture(scope="session")
+def sample_dir() -> Path:
+    return SAMPLE
+
+
+def copy_sample(dst: Path, ids: list[str]) -> Path:
+    """A dataset folder holding only ``ids`` of the bundled sample."""
+    (dst / "images").mkdir(parents=True)
+    (dst / "masks").mkdir()
+    rows = {}
+    for line in (SAMPLE / "labels.csv").read_text().splitlines()[1:]:
+        iid, split, labels = line.split(",")
+        rows[iid] = (split, labels)
+    lines = ["image_id,split,labels"]
+    for iid in ids:
+        shutil.copy(SAMPLE / "images" / f"{iid}.jpg", dst / "images")
+        shutil.copy(SAMPLE / "masks" / f"{iid}.png", dst / "masks")
+        lines.append(f"{iid},{rows[iid][0]},{rows[iid][1]}")
+    (dst / "labels.csv").write_text("\n".join(lines) + "\n")
+    shutil.copy(SAMPLE / "classes.txt", dst / "classes.txt")
+    return dst
+
+
+@pytest.fixture(scope="session")
+def prefect_harness():
+    from prefect.testing.utilities import prefect_test_harness
+
+    with prefect_test_harness(server_startup_timeout=180):
+        yield

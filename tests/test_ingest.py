@@ -1,0 +1,64 @@
+"""tasks.ingest: layouts, implicit background, and errors that name the file."""
+import numpy as np
+import pytest
+
+from conftest import copy_sample
+from tasks.ingest import IngestError, load_image, load_mask, read_source
+
+
+def test_folder_layout(tmp_path, sample_dir):
+    items, classes = read_source(sample_dir)
+    assert len(items) == 64 and classes.n == 21 and classes.background is None
+    assert all(it.mask_path is not None for it in items)
+    assert {t for it in items for t in it.tags} == set(classes.names)
+
+
+def test_unknown_tag_names_the_file(tmp_path):
+    src = copy_sample(tmp_path / "d", ["12_25_s"])
+    (src / "labels.csv").write_text("image_id,labels\n12_25_s,grass;unicorn\n")
+    with pytest.raises(IngestError, match=r"labels.csv: image '12_25_s' has unknown tag\(s\) \['unicorn'\]"):
+        read_source(src)
+
+
+def test_missing_image_names_the_file(tmp_path):
+    src = copy_sample(tmp_path / "d", ["12_25_s"])
+    (src / "labels.csv").write_text("image_id,labels\n12_25_s,grass\nnope,grass\n")
+    with pytest.raises(IngestError, match=r"images/nope\.\*: image file missing"):
+        read_source(src)
+
+
+def test_unreadable_image_names_the_file(tmp_path):
+    bad = tmp_path / "bad.jpg"
+    bad.write_bytes(b"not a jpeg")
+    with pytest.raises(ValueError, match="bad.jpg: not a readable image"):
+        load_image(bad)
+
+
+def test_mask_size_mismatch(tmp_path, sample_dir):
+    with pytest.raises(ValueError, match="mask is 320x213 but the image is 10x10"):
+        load_mask(sample_dir / "masks" / "12_25_s.png", (10, 10))
+
+
+def test_implicit_background(tmp_path):
+    src = copy_sample(tmp_path / "d", ["12_25_s", "10_3_s"])
+    (src / "classes.txt").write_text("background\nbird\nflower\n")
+    (src / "labels.csv").write_text("image_id,labels\n12_25_s,bird\n10_3_s,flower\n")
+    items, classes = read_source(src)
+    assert classes.background == 0 and classes.names[0] == "background"
+    assert classes.tag_vector(items[0].tags).tolist() == [True, True, False]
+
+
+def test_voc_layout(tmp_path, sample_dir):
+    root = tmp_path / "voc"
+    (root / "JPEGImages").mkdir(parents=True)
+    (root / "Annotations").mkdir()
+    (root / "ImageSets" / "Segmentation").mkdir(parents=True)
+    import shutil
+    shutil.copy(sample_dir / "images" / "12_25_s.jpg", root / "JPEGImages" / "2007_000001.jpg")
+    (root / "Annotations" / "2007_000001.xml").write_text(
+        "<annotation><object><name>bird</name></object><object><name>bird</name></object></annotation>")
+    (root / "ImageSets" / "Segmentation" / "train.txt").write_text("2007_000001\n")
+    items, classes = read_source(root)
+    assert classes.names[0] == "background" and classes.background == 0 and classes.n == 21
+    assert items[0].tags == ("bird",) and items[0].split == "train"
+    assert load_image(items[0].image_path).shape == (213, 320, 3)

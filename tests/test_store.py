@@ -1,0 +1,78 @@
+"""tasks.store: what is written is read back; incomplete writes are never read."""
+import json
+
+import numpy as np
+import pytest
+import scipy.sparse as sp
+
+from tasks.store import ClassSpec, ImageRecord, Store, arrays_to_sparse, params_key, sparse_to_arrays
+
+
+def _rec(iid, tags=("grass",), split="train"):
+    return ImageRecord(iid, 4, 5, tuple(tags), "ab" * 32, split, f"/src/{iid}.jpg", True)
+
+
+def test_corpus_round_trip(tmp_path):
+    store = Store(tmp_path)
+    classes = ClassSpec(("background", "cow", "grass"), background=0)
+    store.write_corpus([_rec("a", ("cow",)), _rec("b", ("grass",), "val")], classes)
+    assert store.classes() == classes
+    assert [r.image_id for r in store.manifest()] == ["a", "b"]
+    assert [r.image_id for r in store.manifest("val")] == ["b"]
+    assert store.manifest()[0].tags == ("cow",)
+    # the implicit background is allowed for every image
+    assert store.classes().tag_vector(["cow"]).tolist() == [True, True, False]
+
+
+def test_image_and_mask_round_trip(tmp_path):
+    store = Store(tmp_path)
+    img = np.arange(4 * 5 * 3, dtype=np.uint8).reshape(4, 5, 3)
+    store.put_image("a", img, "sha-a")
+    assert np.array_equal(store.image("a"), img)
+    assert store.has_image("a", "sha-a") and not store.has_image("a", "other")
+    assert store.mask("a") is None
+    with pytest.raises(KeyError, match="not in the corpus"):
+        store.image("missing")
+
+
+def test_incomplete_array_is_not_read(tmp_path):
+    """An array whose completion marker was never written (a crash mid-write) reads as absent."""
+    store = Store(tmp_path)
+    store.write_pseudo(0, "a", np.ones((3, 3), np.uint8))
+    meta = store.round_dir(0) / "pseudo.zarr" / "a" / "zarr.json"
+    d = json.loads(meta.read_text())
+    d["attributes"].pop("complete")
+    meta.write_text(json.dumps(d))
+    assert store.pseudo(0, "a") is None
+
+
+def test_prelim_is_quantised_and_expanded(tmp_path):
+    store = Store(tmp_path)
+    p = np.zeros((2, 3, 3), np.float32)
+    p[0] = 0.25
+    p[1] = 0.75
+    store.write_prelim(1, "a", p, np.array([2, 4]))
+    out = store.prelim(1, "a", 5)
+    assert out.shape == (5, 3, 3)
+    assert np.allclose(out[2], 0.25, atol=1 / 255) and np.allclose(out[4], 0.75, atol=1 / 255)
+    assert out[[0, 1, 3]].sum() == 0
+
+
+def test_cache_is_content_addressed(tmp_path):
+    store = Store(tmp_path)
+    key = params_key({"a": 1})
+    assert key != params_key({"a": 2}) and key == params_key({"a": 1})
+    m = sp.csr_matrix(np.array([[1, 0, 1], [0, 1, 0]], bool))
+    store.put_cached("features", key, "f" * 64, {"x": np.arange(3), **sparse_to_arrays(m)})
+    assert store.has_cached("features", key, "f" * 64)
+    assert not store.has_cached("features", key, "e" * 64)
+    got = store.cached("features", key, "f" * 64)
+    assert np.array_equal(got["x"], np.arange(3))
+    assert (arrays_to_sparse(got) != m).nnz == 0
+
+
+def test_shard_markers(tmp_path):
+    store = Store(tmp_path)
+    assert store.shard_done(0, "pseudo", "a") is None
+    store.mark_shard_done(0, "pseudo", "a", {"images": 3})
+    assert store.shard_done(0, "pseudo", "a") == {"images": 3}
