@@ -33,6 +33,9 @@ def _common(p: argparse.ArgumentParser, default_run: str) -> None:
 def _config_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--rounds", type=int, default=None, help="round budget (default from the config: 3)")
     p.add_argument("--model", default=None, help="segmentation network from the registry (small, fusion, global_local)")
+    p.add_argument("--backbone-weights", nargs="+", default=None, metavar="NAME=PATH",
+                   help="torchvision ImageNet checkpoints for the fusion model, e.g. resnet50=r50.pth "
+                        "mobilenet_v2=mnv2.pth (loaded with torch.load(weights_only=True))")
     p.add_argument("--device", default=None, help="auto (CUDA when present, else CPU), cpu or cuda")
     p.add_argument("--config", type=Path, default=None, help="JSON file with WSSSConfig fields")
     p.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE",
@@ -62,6 +65,14 @@ def build_config(args, base: dict | None = None):
         data["max_rounds"] = args.rounds
     if getattr(args, "model", None):
         data.setdefault("segmentation", {})["model"] = args.model
+    if getattr(args, "backbone_weights", None):
+        weights = {}
+        for item in args.backbone_weights:
+            name, _, path = item.partition("=")
+            if not path or not Path(path).is_file():
+                raise SystemExit(f"--backbone-weights expects NAME=PATH with an existing file, got {item!r}")
+            weights[name] = str(Path(path).resolve())
+        data.setdefault("segmentation", {})["backbone_weights"] = weights
     if getattr(args, "device", None):
         data["device"] = args.device
     return WSSSConfig.model_validate(data)
@@ -77,7 +88,7 @@ def _merge(a: dict, b: dict) -> dict:
 # Demo budget: the bundled sample, 2 CPU cores, within 5 minutes.
 DEMO_CONFIG = {
     "classifier": {"epochs": 30, "size": 192, "width": 16, "batch_size": 16},
-    "segmentation": {"epochs": 6, "width": 16, "crop": 192, "batch_size": 8},
+    "segmentation": {"epochs": 6, "options": {"width": 16}, "crop": 192, "batch_size": 8},
     "shard_size": 8,
 }
 

@@ -2,7 +2,7 @@
 so Prefect shows and records it with each flow run and MLflow logs it with each round."""
 from __future__ import annotations
 
-from typing import Literal
+from typing import Any, Literal
 
 from pydantic import BaseModel, Field
 
@@ -56,8 +56,13 @@ class ProposalConfig(BaseModel):
 class SegmentationConfig(BaseModel):
     """The segmentation model trained on the pseudo-labels (step 8)."""
 
-    model: str = "small"
-    width: int = 24
+    model: str = Field("small", description="registry name: small, fusion, global_local")
+    options: dict[str, Any] = Field(default_factory=dict,
+                                    description="builder options of the model, e.g. {'width': 16} for small, "
+                                                "{'width': 0.25} for fusion")
+    backbone_weights: dict[str, str] = Field(default_factory=dict,
+                                             description="fusion: {'resnet50': path, 'mobilenet_v2': path} "
+                                                         "torchvision ImageNet checkpoints")
     epochs: int = 12
     batch_size: int = 8
     lr: float = 2e-3

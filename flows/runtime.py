@@ -40,18 +40,42 @@ def prepare(run_dir: str | os.PathLike, *, verbose: bool = False) -> Path:
 
 
 @contextlib.contextmanager
+def prefect_api() -> Iterator[str | None]:
+    """One Prefect API for this command and its Dask workers.
+
+    Without ``PREFECT_API_URL`` every process that runs a task would start its own ephemeral
+    server on the same database (measured: one uvicorn per worker, each busy); this starts one
+    local server and exports its URL so the workers, started afterwards, inherit it.
+    """
+    if os.environ.get("PREFECT_API_URL"):
+        yield os.environ["PREFECT_API_URL"]
+        return
+    from prefect.server.api.server import SubprocessASGIServer
+
+    server = SubprocessASGIServer()
+    server.start(timeout=int(os.environ.get("PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS", "180")))
+    os.environ["PREFECT_API_URL"] = server.api_url
+    try:
+        yield server.api_url
+    finally:
+        os.environ.pop("PREFECT_API_URL", None)
+        server.stop()
+
+
+@contextlib.contextmanager
 def dask_cluster(address: str | None, n_workers: int, run_dir: Path) -> Iterator[str]:
     """The scheduler address to run shard tasks on: ``address`` if given, else a LocalCluster
-    of one single-threaded worker process per core, closed on exit."""
-    if address:
-        yield address
-        return
-    from distributed import LocalCluster
+    of one single-threaded worker process per core, closed on exit; both under one Prefect API."""
+    with prefect_api():
+        if address:
+            yield address
+            return
+        from distributed import LocalCluster
 
-    with LocalCluster(n_workers=n_workers, threads_per_worker=1, processes=True,
-                      dashboard_address=":0", local_directory=str(run_dir / "dask-scratch"),
-                      silence_logs=40) as cluster:
-        yield cluster.scheduler_address
+        with LocalCluster(n_workers=n_workers, threads_per_worker=1, processes=True,
+                          dashboard_address=":0", local_directory=str(run_dir / "dask-scratch"),
+                          silence_logs=40) as cluster:
+            yield cluster.scheduler_address
 
 
 class Progress:

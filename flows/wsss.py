@@ -231,7 +231,10 @@ def train_round_segmenter(run_dir: str, r: int, records: list[ImageRecord], key:
     if out.exists():
         return out, None
     in_ch = 4 if s.use_edges else 3
-    model = models.build_model(s.model, classes.n, in_channels=in_ch, width=s.width)
+    build_options = dict(s.options)
+    if s.backbone_weights:
+        build_options["pretrained"] = dict(s.backbone_weights)
+    model = models.build_model(s.model, classes.n, in_channels=in_ch, **build_options)
     if init is not None and init.exists() and s.finetune:
         prev, _ = models.load_checkpoint(init)
         model.load_state_dict(prev.state_dict())
@@ -246,7 +249,7 @@ def train_round_segmenter(run_dir: str, r: int, records: list[ImageRecord], key:
     result = tr.fit(model, ds, tr.segmentation_loss(), tcfg, checkpoint=state_path, log=log,
                     progress=lambda msg: prog.advance(1, msg.split(" ", 2)[-1]))
     models.save_checkpoint(out, model, builder_ref=s.model, num_classes=classes.n, in_channels=in_ch,
-                           options={"width": s.width},
+                           options=dict(s.options),  # weights are in the checkpoint: no `pretrained`
                            meta={"classes": list(classes.names), "round": r, "epochs_run": result.epochs_run,
                                  "stopped": result.stopped, "feature_key": key})
     prog.message(f"stopped after {result.epochs_run} epochs ({result.stopped}), "

@@ -1,0 +1,98 @@
+"""Flows under prefect_test_harness on real images: ingest errors, and the whole training
+end to end (pseudo-labels after the rounds beat the round-0 CAM labels on the same images)."""
+import json
+import shutil
+
+import numpy as np
+import pytest
+
+from conftest import copy_sample
+
+# 16 sample photos with two or more tags (co-occurring classes are the hard part)
+E2E_IDS = ["11_21_s", "12_25_s", "12_27_s", "12_33_s", "12_6_s", "12_8_s", "14_13_s", "14_29_s",
+           "15_14_s", "16_19_s", "16_27_s", "17_13_s", "18_10_s", "19_20_s", "1_10_s", "20_10_s"]
+
+
+@pytest.fixture(scope="module")
+def cluster(prefect_harness, tmp_path_factory):
+    """A two-worker LocalCluster whose workers report to the harness's Prefect API."""
+    import os
+
+    from prefect.settings import PREFECT_API_URL
+
+    from flows.runtime import dask_cluster
+
+    os.environ["PREFECT_API_URL"] = PREFECT_API_URL.value()
+    try:
+        with dask_cluster(None, 2, tmp_path_factory.mktemp("dask")) as address:
+            yield address
+    finally:
+        os.environ.pop("PREFECT_API_URL", None)
+
+
+def test_ingest_reports_bad_files_and_writes_nothing(tmp_path, prefect_harness, cluster):
+    from flows.wsss import ingest, runner
+    from tasks.ingest import IngestError
+
+    src = copy_sample(tmp_path / "src", ["12_25_s", "10_3_s"])
+    (src / "images" / "10_3_s.jpg").write_bytes(b"\xff\xd8 truncated")
+    run = tmp_path / "run"
+    with pytest.raises(IngestError, match=r"10_3_s\.jpg: not a readable image"):
+        ingest.with_options(task_runner=runner(cluster))(str(src), str(run))
+    assert not (run / "corpus" / "manifest.parquet").exists()
+    # with --skip-invalid the good image lands and the bad one is reported as skipped
+    s = ingest.with_options(task_runner=runner(cluster))(str(src), str(run), skip_invalid=True)
+    assert s["images"] == 1 and s["skipped"] == 1
+
+
+def test_train_wsss_end_to_end(tmp_path, prefect_harness, cluster):
+    import mlflow
+
+    from flows.config import WSSSConfig
+    from flows.wsss import ingest, runner, train_wsss
+    from tasks.store import Store
+
+    src = copy_sample(tmp_path / "src", E2E_IDS)
+    run = tmp_path / "run"
+    ingest.with_options(task_runner=runner(cluster))(str(src), str(run), shard_size=8)
+    cfg = WSSSConfig.model_validate({
+        "classifier": {"epochs": 12, "size": 160, "width": 16, "batch_size": 8},
+        "segmentation": {"epochs": 3, "options": {"width": 16}, "crop": 160, "batch_size": 8, "num_workers": 0},
+        "max_rounds": 2, "shard_size": 8})
+    s = train_wsss.with_options(task_runner=runner(cluster))(str(run), cfg, cluster)
+
+    rows = s["rounds"]
+    assert rows[0]["round"] == "cam" and [r["round"] for r in rows[1:]] == list(range(len(rows) - 1))
+    for r in rows:
+        assert 0.0 <= r["pseudo_label_miou"] <= 1.0
+    cam, final = rows[0]["pseudo_label_miou"], rows[-1]["pseudo_label_miou"]
+    assert final > cam, f"pseudo-labels ({final:.3f}) do not beat the CAM labels ({cam:.3f})"
+    assert json.loads((run / "summary.json").read_text())["rounds"] == json.loads(json.dumps(rows))
+
+    store = Store(run)
+    for rec in store.manifest():
+        label = store.pseudo(len(rows) - 2, rec.image_id)
+        assert label.shape == (rec.height, rec.width) and label.dtype == np.uint8
+        allowed = {store.classes().index(t) for t in rec.tags} | {255}
+        assert set(np.unique(label).tolist()) <= allowed  # only tagged classes (or ignore)
+    assert (run / "rounds" / "r000" / "overlay.png").stat().st_size > 10_000
+
+    # MLflow: one parent run with a nested run per round, metrics and the checkpoint
+    mlflow.set_tracking_uri(f"sqlite:///{run / 'mlflow.db'}")
+    runs = mlflow.search_runs(experiment_names=["wsseg"], output_format="list")
+    parent = [r for r in runs if r.info.run_id == s["mlflow_parent_run_id"]][0]
+    nested = [r for r in runs if r.data.tags.get("mlflow.parentRunId") == parent.info.run_id]
+    assert len(nested) == len(rows) - 1
+    assert "pseudo_label_miou" in nested[0].data.metrics and "proposals.t1" in nested[0].data.params
+    assert mlflow.MlflowClient().get_metric_history(nested[0].info.run_id, "seg_train_loss")
+
+    # re-running resumes: finished rounds are read back, not recomputed
+    stamp = (run / "rounds" / "r000" / "round.json").stat().st_mtime_ns
+    again = train_wsss.with_options(task_runner=runner(cluster))(str(run), cfg, cluster)
+    assert [r["pseudo_label_miou"] for r in again["rounds"]] == [r["pseudo_label_miou"] for r in rows]
+    assert (run / "rounds" / "r000" / "round.json").stat().st_mtime_ns == stamp
+
+    # a different configuration in the same run directory is refused, not mixed in
+    with pytest.raises(ValueError, match="different configuration"):
+        train_wsss.with_options(task_runner=runner(cluster))(str(run), cfg.model_copy(update={"epsilon": 0.5}),
+                                                             cluster)
