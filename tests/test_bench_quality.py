@@ -1,0 +1,145 @@
+"""flows.bench_quality: the CRF-on-tags helper with a known answer, and a tiny end-to-end bench."""
+import argparse
+import json
+
+import numpy as np
+import pytest
+import torch
+
+import flows.bench_quality as bq
+from conftest import copy_sample
+from tasks.store import Store
+
+torch.set_num_threads(1)
+
+TRAIN = ["1_10_s", "5_26_s", "1_29_s", "9_17_s", "2_18_s", "12_6_s"]
+VAL = ["1_11_s", "9_19_s"]
+
+
+def _halves(h=40, w=60):
+    """Left half dark red, right half light blue; truth: class 1 left, class 3 right."""
+    image = np.zeros((h, w, 3), np.uint8)
+    image[:, : w // 2] = (150, 30, 30)
+    image[:, w // 2:] = (40, 140, 220)
+    truth = np.full((h, w), 3, np.uint8)
+    truth[:, : w // 2] = 1
+    return image, truth
+
+
+@pytest.mark.parametrize("backend", ["pydensecrf", "approx"])
+def test_crf_labels_uses_only_tagged_classes_and_cleans_noise(backend):
+    image, truth = _halves()
+    rng = np.random.default_rng(0)
+    k = 5
+    prob = rng.uniform(0.0, 1.0, (k,) + truth.shape).astype(np.float32)
+    # the two tagged classes lean weakly towards the truth, untagged ones are strong noise
+    prob[1] += 0.35 * (truth == 1)
+    prob[3] += 0.35 * (truth == 3)
+    prob[[0, 2, 4]] *= 2.0
+    allowed = np.array([False, True, False, True, False])
+    before = allowed.nonzero()[0][prob[allowed].argmax(0)]
+    label = bq.crf_labels(image, prob, allowed, backend=backend)
+    assert label.dtype == np.uint8 and label.shape == truth.shape
+    assert set(np.unique(label)) <= {1, 3}
+    acc_before, acc_after = np.mean(before == truth), np.mean(label == truth)
+    assert acc_before < 0.85
+    assert acc_after > 0.97 and acc_after > acc_before
+
+
+def test_crf_labels_validates_and_handles_one_tag():
+    image, truth = _halves(8, 8)
+    prob = np.ones((3, 8, 8), np.float32)
+    assert (bq.crf_labels(image, prob, np.array([False, False, True])) == 2).all()
+    with pytest.raises(ValueError, match="no True"):
+        bq.crf_labels(image, prob, np.zeros(3, bool))
+    with pytest.raises(ValueError, match="allowed must be"):
+        bq.crf_labels(image, prob, np.ones(4, bool))
+    with pytest.raises(ValueError, match="prob must be"):
+        bq.crf_labels(image, prob[:, :4], np.ones(3, bool))
+
+
+def test_pick_overlay_records_is_deterministic_and_prefers_multi_tag():
+    from tasks.store import ImageRecord
+
+    recs = [ImageRecord(f"im{i:02d}", 4, 4, tuple("abc"[: 1 + i % 3]), "0", "train", "", True) for i in range(20)]
+    picks = bq.pick_overlay_records(list(reversed(recs)), n=6)
+    assert [r.image_id for r in picks] == [r.image_id for r in bq.pick_overlay_records(recs, n=6)]
+    assert len(picks) == 6 and all(len(r.tags) >= 2 for r in picks)
+
+
+def test_ablation_variants_flag_what_the_config_cannot_express():
+    from flows.config import WSSSConfig
+
+    v = bq.ablation_variants(WSSSConfig())
+    assert v["no_iou_filter"]["overrides"] == {"proposals.t1": 0.0, "proposals.p1": 0.0}
+    assert "seeding_random_walker" not in v and {"seeding_grabcut", "seeding_none"} <= set(v)
+    assert {"no_edges", "superpixel_skimage_slic", "superpixel_felzenszwalb", "fusion_threshold"} <= set(v)
+    for name, var in v.items():
+        if "skip" not in var:  # every runnable variant is a valid config differing from the default
+            assert bq.apply_overrides(WSSSConfig(), var["overrides"]) != WSSSConfig(), name
+
+
+def _parse(argv):
+    from flows.cli import _register_optional
+
+    ap = argparse.ArgumentParser(prog="wsseg")
+    sub = ap.add_subparsers(dest="command")
+    bench = sub.add_parser("bench").add_subparsers(dest="bench")
+    _register_optional(sub, bench)
+    return ap.parse_args(argv)
+
+
+def test_bench_quality_end_to_end(tmp_path, prefect_harness, capsys):
+    data = copy_sample(tmp_path / "data", TRAIN + VAL)
+    rows = (data / "labels.csv").read_text().splitlines()
+    (data / "labels.csv").write_text("\n".join(
+        [rows[0]] + [",".join([r.split(",")[0], "val" if r.split(",")[0] in VAL else "train", r.split(",")[2]])
+                     for r in rows[1:]]) + "\n")
+    run, out = tmp_path / "run", tmp_path / "res" / "q.json"
+    args = _parse(["bench", "quality", "--data", str(data), "--split", "train", "--out", str(out),
+                   "--run-dir", str(run), "--workers", "2", "--ablate", "fusion_threshold",
+                   "--set", "classifier.epochs=3", "--set", "classifier.size=96", "--set", "classifier.width=8",
+                   "--set", "segmentation.epochs=1", "--set", "segmentation.width=8", "--set", "segmentation.crop=96",
+                   "--set", "segmentation.num_workers=0", "--set", "proposals.epochs=3",
+                   "--set", "classifier.cam_scales=[1.0]", "--set", "shard_size=4", "--rounds", "1"])
+    assert args.run_dir == str(run) and args.func is bq.main
+    assert args.func(args) == 0
+
+    res = json.loads(out.read_text())
+    assert res["split"] == "train" and res["eval_split"] == "val" and not res["warnings"]
+    assert res["images"] == len(TRAIN) and res["eval_images"] == len(VAL)
+    values = [res["pseudo_label_miou"], res["baselines"]["cam"]["miou"], res["baselines"]["cam_crf"]["miou"],
+              res["wsss_model_miou"], res["supervised_model_miou"]]
+    values += [x for r in res["rounds"] for x in (r["pseudo_label_miou"], r["changed_share"], r["ignore_share"])]
+    assert all(isinstance(v, float) and 0.0 <= v <= 1.0 for v in values), values
+    sup = res["supervised_model_miou"]
+    assert res["wsss_over_supervised"] == (pytest.approx(res["wsss_model_miou"] / sup) if sup > 0 else None)
+    assert [r["round"] for r in res["rounds"]] == [0] and res["final_round"] == 0
+    for k in ("ours", "cam", "cam_crf"):
+        assert set(res["per_class_iou"][k]) == set(Store(run).classes().names)
+    assert res["wall_seconds"] > 0 and res["config"]["max_rounds"] == 1 and res["supervised_epochs"] == 1
+    assert out.with_suffix(".md").read_text().count("| CAM + dense CRF |") == 1
+    assert out.with_suffix(".png").stat().st_size > 1000
+    assert all(i in TRAIN for i in res["figure_images"]) and len(res["figure_images"]) == 6
+    assert "CAM + dense CRF" in capsys.readouterr().out
+
+    # CAM + CRF is a different labelling than CAM, on tagged classes only
+    store = Store(run)
+    classes = store.classes()
+    differs = 0
+    for iid in TRAIN:
+        cam, crf = store.pseudo(0, iid, name="cam"), store.pseudo(0, iid, name="cam_crf")
+        rec = next(r for r in store.manifest() if r.image_id == iid)
+        assert set(np.unique(crf)) <= set(np.flatnonzero(classes.tag_vector(rec.tags)))
+        differs += int((cam != crf).any())
+    assert differs >= 1
+
+    # the ablation variant reused the corpus, cache and classifier instead of recomputing them
+    a = res["ablations"]["fusion_threshold"]
+    assert "error" not in a and 0.0 <= a["pseudo_label_miou"] <= 1.0
+    vdir = run / "ablate-fusion_threshold"
+    for name in ("corpus", "cache", "classifier.pt"):
+        assert (vdir / name).is_symlink() and (vdir / name).resolve() == (run / name).resolve()
+    assert (vdir / "rounds" / "r000" / "prelim.zarr").is_symlink()
+    assert json.loads((vdir / "config.json").read_text())["proposals"]["fusion"] == "threshold"
+    assert "| fusion_threshold |" in out.with_suffix(".md").read_text()
