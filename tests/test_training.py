@@ -1,0 +1,233 @@
+"""tasks.training: learning on real images, exact resume, plateau stop, augmentation alignment,
+and the models' checkpoint round trip."""
+from pathlib import Path
+
+import cv2
+import numpy as np
+import pytest
+import torch
+
+import models
+from tasks import training as tr
+from tasks.ingest import load_image, load_mask
+from tasks.store import Store
+
+SAMPLE = Path(__file__).resolve().parents[1] / "flows" / "sample" / "msrc21"
+IDS = ["1_1_s", "3_7_s", "5_26_s", "13_2_s"]  # four classes' worth of real photos and masks
+N_CLASSES = 21
+
+
+@pytest.fixture(autouse=True)
+def _one_thread():
+    n = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(n)
+
+
+class StoreLoad:
+    """Picklable ``load(i) -> (image, edge, label)`` reading a temporary corpus store, like
+    flows.wsss.LabelLoader does (images, cached edge maps, masks)."""
+
+    def __init__(self, root: str, ids: list[str], size: int):
+        self.root, self.ids, self.size = root, ids, size
+
+    def __call__(self, i: int):
+        store = Store(self.root)
+        iid = self.ids[i]
+        s = self.size  # fixed centre crop: the batch is the same every epoch (no augmentation)
+        image, edge, label = store.image(iid), store.cached("edges", "test", iid)["edges"], store.mask(iid)
+        y0, x0 = (image.shape[0] - s) // 2, (image.shape[1] - s) // 2
+        sl = (slice(y0, y0 + s), slice(x0, x0 + s))
+        return image[sl], edge[sl], label[sl]
+
+
+@pytest.fixture(scope="module")
+def store_root(tmp_path_factory) -> str:
+    store = Store(tmp_path_factory.mktemp("train-store"))
+    for iid in IDS:
+        image = load_image(SAMPLE / "images" / f"{iid}.jpg")
+        store.put_image(iid, image, "0" * 64)
+        store.put_mask(iid, load_mask(SAMPLE / "masks" / f"{iid}.png", image.shape[:2]))
+        edge = (cv2.Canny(cv2.cvtColor(image, cv2.COLOR_RGB2GRAY), 80, 160) > 0).astype(np.uint8)
+        store.put_cached("edges", "test", iid, {"edges": edge})
+    return str(store.root)
+
+
+def _dataset(root: str, size: int = 64, seed: int = 0) -> tr.StoreDataset:
+    return tr.StoreDataset(len(IDS), StoreLoad(root, IDS, size), None, seed=seed)
+
+
+def _weights(model) -> dict:
+    return {k: v.detach().clone() for k, v in model.state_dict().items()}
+
+
+# ---------------------------------------------------------------------------- learning
+@pytest.mark.parametrize("name,options,workers", [("small", {"width": 8}, 1), ("fusion", {"width": 0.25}, 0)])
+def test_a_few_steps_on_real_images_lower_the_loss(store_root, name, options, workers):
+    torch.manual_seed(0)
+    model = models.build_model(name, N_CLASSES, in_channels=4, **options)
+    cfg = tr.TrainConfig(epochs=8, batch_size=4, lr=1e-2, num_workers=workers, device="cpu", patience=100)
+    res = tr.fit(model, _dataset(store_root), tr.segmentation_loss(), cfg)
+    losses = [h["loss"] for h in res.history]
+    assert res.stopped == "epochs" and res.epochs_run == 8 and len(losses) == 8
+    assert losses[0] > np.log(N_CLASSES) * 0.5  # an untrained network is near chance
+    assert losses[-1] < 0.7 * losses[0], losses
+    assert res.images_per_second > 0 and 0 <= res.data_wait_share < 1
+
+
+# ---------------------------------------------------------------------------- resume
+class _Interrupt(Exception):
+    pass
+
+
+def _run(root: str, checkpoint: Path | None, interrupt_at: int | None = None):
+    torch.manual_seed(0)
+    model = models.build_model("small", N_CLASSES, in_channels=4, width=8)  # has dropout: RNG matters
+    ds = tr.StoreDataset(len(IDS), StoreLoad(root, IDS, 96), tr.Augment(crop=64), seed=3)
+    cfg = tr.TrainConfig(epochs=4, batch_size=2, lr=5e-3, num_workers=0, device="cpu", seed=3, patience=100)
+
+    def progress(msg: str) -> None:
+        # fit reports epoch e+1 before writing its checkpoint: stopping at "epoch 3/4"
+        # leaves the checkpoint of epoch index 1, i.e. two finished epochs
+        if interrupt_at is not None and msg.startswith(f"epoch {interrupt_at + 1}/"):
+            raise _Interrupt
+
+    return model, tr.fit(model, ds, tr.segmentation_loss(), cfg, checkpoint=checkpoint, progress=progress)
+
+
+def test_resume_continues_from_the_checkpoint_and_matches_an_uninterrupted_run(store_root, tmp_path):
+    ref_model, ref = _run(store_root, None)
+    ckpt = tmp_path / "state.pt"
+    with pytest.raises(_Interrupt):
+        _run(store_root, ckpt, interrupt_at=2)
+    assert torch.load(ckpt, weights_only=False)["epoch"] == 1
+    model, res = _run(store_root, ckpt)
+    assert res.resumed_from == 2 and res.epochs_run == 4 and res.stopped == "epochs"
+    assert [h["epoch"] for h in res.history] == [0, 1, 2, 3]
+    # epochs 0-1 come from the interrupted run, 2-3 were trained after the resume
+    np.testing.assert_allclose([h["loss"] for h in res.history], [h["loss"] for h in ref.history], rtol=1e-6)
+    want, got = _weights(ref_model), _weights(model)
+    assert want.keys() == got.keys()
+    for k in want:
+        assert torch.equal(want[k], got[k]), k
+    # a finished training is not run again
+    _, again = _run(store_root, ckpt)
+    assert again.resumed_from == 4 and again.epochs_run == 4 and len(again.history) == 4
+
+
+# ---------------------------------------------------------------------------- plateau
+class _Scripted:
+    """A loss whose value per call (= per epoch: one batch per epoch) is scripted."""
+
+    def __init__(self, values):
+        self.values, self.calls = list(values), 0
+
+    def __call__(self, out, y):
+        v = self.values[min(self.calls, len(self.values) - 1)]
+        self.calls += 1
+        return out.sum() * 0.0 + v
+
+
+@pytest.mark.parametrize("patience", [2, 3])
+def test_plateau_stops_after_patience_stale_epochs(store_root, patience):
+    model = models.build_model("small", N_CLASSES, in_channels=4, width=4)
+    cfg = tr.TrainConfig(epochs=20, batch_size=4, num_workers=0, device="cpu", patience=patience, min_delta=0.01)
+    # improves for three epochs (best 3.0 at epoch index 2), then stays within min_delta
+    res = tr.fit(model, _dataset(store_root, 32), _Scripted([5.0, 4.0, 3.0, 2.99, 3.0, 2.995]), cfg)
+    assert res.stopped == "plateau"
+    assert res.epochs_run == 3 + patience
+    assert [h["loss"] for h in res.history][:3] == pytest.approx([5.0, 4.0, 3.0])
+
+
+def test_a_loss_that_keeps_improving_runs_all_epochs(store_root):
+    model = models.build_model("small", N_CLASSES, in_channels=4, width=4)
+    cfg = tr.TrainConfig(epochs=6, batch_size=4, num_workers=0, device="cpu", patience=1, min_delta=0.01)
+    res = tr.fit(model, _dataset(store_root, 32), _Scripted([6.0, 5.0, 4.0, 3.0, 2.0, 1.0]), cfg)
+    assert res.stopped == "epochs" and res.epochs_run == 6
+
+
+# ---------------------------------------------------------------------------- augmentation
+def _blocky(h: int, w: int, seed: int, block: int = 16):
+    """Image whose red channel encodes the label (20 + 10 * class, blocks of ``block`` px) and
+    an edge map equal to label parity; green/blue are noise."""
+    rng = np.random.default_rng(seed)
+    label = np.kron(rng.integers(0, N_CLASSES, (h // block + 1, w // block + 1)),
+                    np.ones((block, block), np.int64))[:h, :w].astype(np.uint8)
+    image = rng.integers(0, 256, (h, w, 3), dtype=np.uint8)
+    image[..., 0] = 20 + 10 * label
+    return image, (label % 2).astype(np.uint8), label
+
+
+def _ramp(h: int, w: int, block: int = 12):
+    """Like :func:`_blocky` with the class growing from left to right: shows horizontal flips."""
+    label = np.broadcast_to((np.arange(w) // block).astype(np.uint8), (h, w)).copy()
+    image = np.full((h, w, 3), 128, np.uint8)
+    image[..., 0] = 20 + 10 * label
+    return image, (label % 2).astype(np.uint8), label
+
+
+def _check_aligned(im, ed, lb, crop, must_pad):
+    assert im.shape == (crop, crop, 3) and ed.shape == lb.shape == (crop, crop)
+    assert im.dtype == np.uint8 and lb.dtype == np.uint8
+    pad = lb == 255
+    # padding: ignore in the label, zeros in image and edge; nowhere else
+    assert np.array_equal(pad, (im == 0).all(-1))
+    assert not ed[pad].any()
+    assert pad.any() == must_pad
+    valid = ~pad
+    # edge and label are both resized by nearest neighbour: exact agreement
+    assert np.array_equal(ed[valid], lb[valid] % 2)
+    # the image is resized bilinearly: red = 20 + 10 * label except next to block borders
+    k = np.ones((5, 5), np.uint8)
+    borders = cv2.dilate(lb, k) != cv2.erode(lb, k)
+    borders[:2], borders[-2:], borders[:, :2], borders[:, -2:] = True, True, True, True  # unseen neighbours
+    match = im[..., 0].astype(int) == 20 + 10 * lb.astype(int)
+    assert match[valid & ~borders].all()
+    assert match[valid].mean() > 0.6
+
+
+@pytest.mark.parametrize("h,w,crop", [(120, 150, 64), (40, 50, 64)])
+def test_augment_keeps_labels_aligned_and_pads_labels_with_ignore(h, w, crop):
+    aug = tr.Augment(crop=crop, scale=(0.7, 1.3), flip=True, jitter=0.0)
+    blocks, ramp = _blocky(h, w, seed=h), _ramp(h, w)
+    flips = 0
+    for seed in range(16):
+        _check_aligned(*aug(np.random.default_rng(seed), *blocks), crop, must_pad=h < crop)
+        im, ed, lb = aug(np.random.default_rng(seed), *ramp)
+        _check_aligned(im, ed, lb, crop, must_pad=h < crop)
+        d = np.diff(lb.astype(int), axis=1)[(lb[:, 1:] != 255) & (lb[:, :-1] != 255)]
+        assert (d > 0).any() != (d < 0).any()  # classes run one way only: left-right or mirrored
+        flips += bool((d < 0).any())
+    assert 0 < flips < 16  # both branches of the flip were exercised
+
+
+def test_augment_does_not_modify_its_inputs():
+    image, edge, label = _blocky(60, 70, seed=1)
+    copies = image.copy(), edge.copy(), label.copy()
+    tr.Augment(crop=48, jitter=0.2)(np.random.default_rng(0), image, edge, label)
+    for a, b in zip((image, edge, label), copies):
+        assert np.array_equal(a, b)
+
+
+# ---------------------------------------------------------------------------- checkpoints
+@pytest.mark.parametrize("name,options", [("small", {"width": 8}), ("fusion", {"width": 0.25})])
+def test_checkpoint_round_trip_gives_identical_outputs(tmp_path, name, options):
+    torch.manual_seed(1)
+    model = models.build_model(name, N_CLASSES, in_channels=4, **options)
+    x = torch.randn(2, 4, 48, 64)
+    model.train()
+    with torch.no_grad():
+        model(x)  # move the batch-norm running statistics away from their initial values
+    model.eval()
+    with torch.no_grad():
+        want = model(x)
+    path = tmp_path / f"{name}.pt"
+    models.save_checkpoint(path, model, builder_ref=name, num_classes=N_CLASSES, in_channels=4, options=options,
+                           meta={"note": "test"})
+    loaded, state = models.load_checkpoint(path)
+    assert not loaded.training and state["meta"] == {"note": "test"} and state["options"] == options
+    with torch.no_grad():
+        got = loaded(x)
+    assert got.shape == (2, N_CLASSES, 48, 64)
+    assert torch.equal(want, got)
