@@ -23,12 +23,13 @@ class ClassifierConfig(BaseModel):
     """The image classifier whose CAMs are round 0's preliminary result (step 4)."""
 
     epochs: int = 40
-    size: int = 224
-    width: int = 24
+    size: int = 192
+    width: int = 16
+    stride: int = Field(16, description="CAM stride: 16 (fast) or 8 (dilated last stage)")
     batch_size: int = 16
     lr: float = 2e-3
     max_seconds: float | None = None
-    cam_scales: tuple[float, ...] = (0.75, 1.0, 1.25)
+    cam_scales: tuple[float, ...] = (1.0, 1.5)
     background_threshold: float = Field(0.35, description="CAM score of the implicit background class")
 
 

@@ -167,7 +167,7 @@ def train_image_classifier(run_dir: str, records: list[ImageRecord], cfg: WSSSCo
         for t in r.tags:
             targets[i, obj.index(classes.index(t))] = 1.0
     c = cfg.classifier
-    model = image_classifier(len(obj), 3, width=c.width)
+    model = image_classifier(len(obj), 3, width=c.width, stride=c.stride)
     ds = tr.StoreDataset(len(records), TagLoader(run_dir, [r.image_id for r in records], targets),
                          tr.Augment(crop=c.size, scale=(0.6, 1.1)), seed=cfg.seed, with_edge=False)
     tcfg = tr.TrainConfig(epochs=c.epochs, batch_size=c.batch_size, lr=c.lr, seed=cfg.seed, device=cfg.device,
@@ -177,7 +177,7 @@ def train_image_classifier(run_dir: str, records: list[ImageRecord], cfg: WSSSCo
     result = tr.fit(model, ds, tr.multilabel_loss, tcfg, checkpoint=store.root / "train_state" / "classifier.pt",
                     log=log, progress=lambda s: prog.advance(1, s.split(" ", 2)[-1]))
     models.save_checkpoint(out, model, builder_ref="models.small:image_classifier", num_classes=len(obj),
-                           in_channels=3, options={"width": c.width},
+                           in_channels=3, options={"width": c.width, "stride": c.stride},
                            meta={"object_classes": obj, "epochs_run": result.epochs_run})
     return out
 

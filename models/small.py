@@ -19,12 +19,13 @@ def conv_bn_relu(cin: int, cout: int, stride: int = 1, dilation: int = 1,
 
 
 class SmallEncoder(nn.Module):
-    """Six 3x3 conv stages; features at strides 2, 4, 8 and 8 (dilated last stage).
+    """Eight 3x3 convs in four stages; features at strides 2, 4, 8 and 8 (dilated last stage)
+    or 16 (``dilate_last=False``, four times cheaper in the last stage).
 
     ``out_channels`` lists the channels of the returned features.
     """
 
-    def __init__(self, in_channels: int = 3, width: int = 32, *, norm_layer=None):
+    def __init__(self, in_channels: int = 3, width: int = 32, *, norm_layer=None, dilate_last: bool = True):
         super().__init__()
         norm_layer = norm_layer or nn.BatchNorm2d
         w = [width, width * 2, width * 4, width * 8]
@@ -34,8 +35,9 @@ class SmallEncoder(nn.Module):
                                     conv_bn_relu(w[1], w[1], norm_layer=norm_layer))
         self.stage3 = nn.Sequential(conv_bn_relu(w[1], w[2], 2, norm_layer=norm_layer),
                                     conv_bn_relu(w[2], w[2], norm_layer=norm_layer))
-        self.stage4 = nn.Sequential(conv_bn_relu(w[2], w[3], 1, dilation=2, norm_layer=norm_layer),
-                                    conv_bn_relu(w[3], w[3], dilation=2, norm_layer=norm_layer))
+        d = 2 if dilate_last else 1
+        self.stage4 = nn.Sequential(conv_bn_relu(w[2], w[3], 1 if dilate_last else 2, dilation=d, norm_layer=norm_layer),
+                                    conv_bn_relu(w[3], w[3], dilation=d, norm_layer=norm_layer))
         self.out_channels = (w[0], w[1], w[2], w[3])
 
     def forward(self, x: torch.Tensor) -> list[torch.Tensor]:
@@ -50,12 +52,14 @@ class ImageClassifier(nn.Module):
     """Multi-label image classifier whose 1x1 classifier map is the class activation map.
 
     ``forward`` returns image logits (B, K) (global average of the class map);
-    ``cam`` returns the class map (B, K, H/8, W/8) before pooling.
+    ``cam`` returns the class map (B, K, H/s, W/s) before pooling (s = 8 or 16).
     """
 
-    def __init__(self, num_classes: int, in_channels: int = 3, width: int = 32):
+    def __init__(self, num_classes: int, in_channels: int = 3, width: int = 32, stride: int = 16):
         super().__init__()
-        self.encoder = SmallEncoder(in_channels, width)
+        if stride not in (8, 16):
+            raise ValueError(f"stride must be 8 or 16, got {stride}")
+        self.encoder = SmallEncoder(in_channels, width, dilate_last=stride == 8)
         self.dropout = nn.Dropout2d(0.2)
         self.classifier = nn.Conv2d(self.encoder.out_channels[-1], num_classes, 1)
 
@@ -68,12 +72,12 @@ class ImageClassifier(nn.Module):
 
 
 class SmallSegNet(nn.Module):
-    """Encoder + decoder: stride-8 context fused with the stride-4 features, logits upsampled
-    to the input size. About 0.5 GMAC per 256x256 image at ``width=24``."""
+    """Encoder + decoder: stride-16 (or dilated stride-8) context fused with the stride-4
+    features, logits upsampled to the input size."""
 
-    def __init__(self, num_classes: int, in_channels: int = 4, width: int = 24):
+    def __init__(self, num_classes: int, in_channels: int = 4, width: int = 24, dilate_last: bool = False):
         super().__init__()
-        self.encoder = SmallEncoder(in_channels, width)
+        self.encoder = SmallEncoder(in_channels, width, dilate_last=dilate_last)
         c1, c2, c3, c4 = self.encoder.out_channels
         d = max(32, width * 2)
         self.context = nn.Sequential(nn.Conv2d(c4 + c3, d, 1, bias=False), nn.BatchNorm2d(d),
@@ -84,15 +88,17 @@ class SmallSegNet(nn.Module):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         size = x.shape[-2:]
         _, f2, f3, f4 = self.encoder(x)
+        if f4.shape[-2:] != f3.shape[-2:]:
+            f4 = F.interpolate(f4, size=f3.shape[-2:], mode="bilinear", align_corners=False)
         y = self.context(torch.cat([f4, f3], 1))
         y = F.interpolate(y, size=f2.shape[-2:], mode="bilinear", align_corners=False)
         y = self.fuse(torch.cat([y, f2], 1))
         return F.interpolate(self.classifier(y), size=size, mode="bilinear", align_corners=False)
 
 
-def small_segnet(num_classes: int, in_channels: int = 4, *, width: int = 24) -> SmallSegNet:
-    return SmallSegNet(num_classes, in_channels, width)
+def small_segnet(num_classes: int, in_channels: int = 4, *, width: int = 24, dilate_last: bool = False) -> SmallSegNet:
+    return SmallSegNet(num_classes, in_channels, width, dilate_last)
 
 
-def image_classifier(num_classes: int, in_channels: int = 3, *, width: int = 32) -> ImageClassifier:
-    return ImageClassifier(num_classes, in_channels, width)
+def image_classifier(num_classes: int, in_channels: int = 3, *, width: int = 32, stride: int = 16) -> ImageClassifier:
+    return ImageClassifier(num_classes, in_channels, width, stride)

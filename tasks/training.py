@@ -47,6 +47,12 @@ def seed_everything(seed: int) -> None:
     torch.manual_seed(seed)
 
 
+def _epoch_seed(seed: int, epoch: int) -> int:
+    """Seed of the global RNGs (dropout, ...) for one epoch: a function of (seed, epoch) only,
+    so that a resumed training draws what an uninterrupted one would."""
+    return int(np.random.SeedSequence((seed, epoch)).generate_state(1)[0])
+
+
 def to_input(image: np.ndarray, edge: np.ndarray | None) -> np.ndarray:
     """(H, W, 3) uint8 + optional (H, W) {0,1} edge map -> (C, H, W) float32 network input."""
     x = (image.astype(np.float32) / 255.0 - MEAN) / STD
@@ -122,12 +128,15 @@ class StoreDataset(Dataset):
     def __len__(self) -> int:
         return self.n
 
-    def __getitem__(self, i: int):
+    def __getitem__(self, key: int | tuple[int, int]):
+        # (epoch, i) keys come from EpochBatchSampler: the epoch travels with the key because a
+        # worker's copy of the dataset keeps the epoch it was started with
+        epoch, i = key if isinstance(key, tuple) else (self.epoch, key)
         image, edge, target = self.load(i)
         if not self.with_edge:
             edge = None
         if self.augment is not None:
-            rng = np.random.default_rng((self.seed, self.epoch, i))
+            rng = np.random.default_rng((self.seed, epoch, i))
             image, edge, target = self.augment(rng, image, edge, target)
         x = torch.from_numpy(to_input(image, edge))
         if target.ndim == 2:
@@ -163,11 +172,35 @@ class TrainResult:
     resumed_from: int = 0
 
 
-def _loader(ds: StoreDataset, cfg: TrainConfig, device: torch.device) -> DataLoader:
+class EpochBatchSampler(torch.utils.data.Sampler):
+    """Batches of ``(epoch, index)`` keys for epochs ``start .. epochs - 1`` in one stream.
+
+    Each epoch is a shuffle seeded by (seed, epoch) cut into ``max(1, n // batch_size)``
+    batches (the incomplete last one dropped, unless the data is smaller than a batch). One
+    DataLoader iterates all epochs: its workers start once and keep prefetching across epoch
+    boundaries (measured: a DataLoader per epoch waited 0.8-1.5 s at every epoch start).
+    """
+
+    def __init__(self, n: int, batch_size: int, seed: int, start: int, epochs: int):
+        self.n, self.batch_size, self.seed, self.start, self.epochs = n, batch_size, seed, start, epochs
+        self.steps_per_epoch = max(1, n // batch_size)
+
+    def __len__(self) -> int:
+        return max(0, self.epochs - self.start) * self.steps_per_epoch
+
+    def __iter__(self):
+        b = self.batch_size
+        for e in range(self.start, self.epochs):
+            order = torch.randperm(self.n, generator=torch.Generator().manual_seed(_epoch_seed(self.seed, e))).tolist()
+            for k in range(self.steps_per_epoch):
+                yield [(e, i) for i in order[k * b:(k + 1) * b]]
+
+
+def _loader(ds: StoreDataset, cfg: TrainConfig, device: torch.device, start_epoch: int = 0) -> DataLoader:
+    """One loader for epochs ``start_epoch .. cfg.epochs - 1`` (see :class:`EpochBatchSampler`)."""
     workers = cfg.num_workers
-    return DataLoader(ds, batch_size=cfg.batch_size, shuffle=True, drop_last=len(ds) > cfg.batch_size,
-                      num_workers=workers, persistent_workers=False, pin_memory=device.type == "cuda",
-                      generator=torch.Generator().manual_seed(cfg.seed + ds.epoch),
+    return DataLoader(ds, batch_sampler=EpochBatchSampler(len(ds), cfg.batch_size, cfg.seed, start_epoch, cfg.epochs),
+                      num_workers=workers, pin_memory=device.type == "cuda",
                       prefetch_factor=4 if workers else None)
 
 
@@ -208,14 +241,17 @@ def fit(model: nn.Module, ds: StoreDataset, loss_fn: Callable, cfg: TrainConfig,
     n_images = 0
     wait = 0.0
     busy = 0.0
-    epoch = start_epoch
+    epoch = start_epoch - 1  # a finished training resumed: no epoch runs, epochs_run = start_epoch
+    batches = iter(_loader(ds, cfg, device, start_epoch)) if start_epoch < cfg.epochs else None
     for epoch in range(start_epoch, cfg.epochs):
+        seed_everything(_epoch_seed(cfg.seed, epoch))
         ds.epoch = epoch
         model.train()
         total, count = 0.0, 0
         t_epoch = time.perf_counter()
         t_ready = time.perf_counter()
-        for x, y in _loader(ds, cfg, device):
+        for _ in range(steps_per_epoch):
+            x, y = next(batches)
             t_got = time.perf_counter()
             wait += t_got - t_ready
             x = x.to(device, non_blocking=True).to(memory_format=fmt)
@@ -257,6 +293,7 @@ def fit(model: nn.Module, ds: StoreDataset, loss_fn: Callable, cfg: TrainConfig,
         if stop:
             stopped = stop
             break
+    del batches  # stops the loader's workers
     elapsed = wait + busy
     return TrainResult(epochs_run=epoch + 1, stopped=stopped, history=history, device=device.type,
                        images_per_second=n_images / busy if busy else 0.0,
