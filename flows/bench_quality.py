@@ -132,13 +132,28 @@ def cam_crf_shard(run_dir: str, ids: list[str], crf: dict | None = None, round_i
 
 
 def _field_exists(model_cls, dotted: str) -> bool:
+    """Whether a dotted key names a field of a pydantic model (keys inside a dict field count)."""
+    import typing
+
     node = model_cls
     for part in dotted.split("."):
+        if node is dict or typing.get_origin(node) is dict:
+            return True
         fields = getattr(node, "model_fields", None)
         if fields is None or part not in fields:
             return False
         node = fields[part].annotation
     return True
+
+
+def check_overrides(overrides: list[str]) -> None:
+    """Refuse ``--set`` keys that are no WSSSConfig field (pydantic would silently drop them)."""
+    from flows.config import WSSSConfig
+
+    bad = [item.split("=", 1)[0] for item in overrides if not _field_exists(WSSSConfig, item.split("=", 1)[0])]
+    if bad:
+        raise ValueError(f"--set {', '.join(bad)}: no such config field; see flows/config.py:WSSSConfig "
+                         f"(e.g. segmentation.options.width, proposals.t1)")
 
 
 def ablation_variants(config) -> dict[str, dict]:
@@ -521,6 +536,7 @@ def add_bench_quality_parser(bench_subparsers) -> argparse.ArgumentParser:
 def main(args) -> int:
     from flows.cli import build_config
 
+    check_overrides(args.overrides)
     config = build_config(args)
     if args.split:
         config = config.model_copy(update={"split": args.split})

@@ -99,7 +99,7 @@ def test_bench_quality_end_to_end(tmp_path, prefect_harness, capsys):
     args = _parse(["bench", "quality", "--data", str(data), "--split", "train", "--out", str(out),
                    "--run-dir", str(run), "--workers", "2", "--ablate", "fusion_threshold",
                    "--set", "classifier.epochs=3", "--set", "classifier.size=96", "--set", "classifier.width=8",
-                   "--set", "segmentation.epochs=1", "--set", "segmentation.width=8", "--set", "segmentation.crop=96",
+                   "--set", "segmentation.epochs=1", "--set", "segmentation.options={\"width\": 8}", "--set", "segmentation.crop=96",
                    "--set", "segmentation.num_workers=0", "--set", "proposals.epochs=3",
                    "--set", "classifier.cam_scales=[1.0]", "--set", "shard_size=4", "--rounds", "1"])
     assert args.run_dir == str(run) and args.func is bq.main
@@ -143,3 +143,9 @@ def test_bench_quality_end_to_end(tmp_path, prefect_harness, capsys):
     assert (vdir / "rounds" / "r000" / "prelim.zarr").is_symlink()
     assert json.loads((vdir / "config.json").read_text())["proposals"]["fusion"] == "threshold"
     assert "| fusion_threshold |" in out.with_suffix(".md").read_text()
+
+
+def test_unknown_set_keys_are_refused():
+    bq.check_overrides(["proposals.t1=0.4", "segmentation.options.width=8", "segmentation.options={}"])
+    with pytest.raises(ValueError, match="segmentation.widht"):
+        bq.check_overrides(["proposals.t1=0.4", "segmentation.widht=8"])
