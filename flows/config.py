@@ -4,11 +4,13 @@ from __future__ import annotations
 
 from typing import Any, Literal
 
-from pydantic import BaseModel, Field
+from pydantic import BaseModel, ConfigDict, Field
 
 
 class FeatureConfig(BaseModel):
     """Per-image features, computed once per image content and parameter set (step 2, B)."""
+
+    model_config = ConfigDict(extra="forbid")
 
     superpixel_method: Literal["slico", "slic", "mslic", "skimage_slic", "felzenszwalb"] = "slico"
     region_size: int = Field(16, ge=4, description="superpixel side in pixels")
@@ -21,6 +23,8 @@ class FeatureConfig(BaseModel):
 
 class ClassifierConfig(BaseModel):
     """The image classifier whose CAMs are round 0's preliminary result (step 4)."""
+
+    model_config = ConfigDict(extra="forbid")
 
     epochs: int = 40
     size: int = 192
@@ -36,10 +40,17 @@ class ClassifierConfig(BaseModel):
 class ProposalConfig(BaseModel):
     """Proposal classifier (step 3, cross-entropy), filtering (5), fusion (6), seeding (7)."""
 
+    model_config = ConfigDict(extra="forbid")
+
     hidden: int = 256
     epochs: int = 30
     lr: float = 1e-3
     target_sharpen: float = 2.0
+    mil_iterations: int = Field(0, ge=0, description="retrain the proposal classifier on the combined evidence")
+    evidence: Literal["prelim", "combined"] = Field(
+        "prelim", description="map used as the preliminary mask for IoU filtering: the preliminary result, or "
+                                "its geometric mixture with the proposal classifier's superpixel scores [ours]")
+    evidence_weight: float = Field(0.5, ge=0, le=1, description="weight of the preliminary result in the mixture")
     t1: float = Field(0.3, ge=0, le=1)
     p1: float = Field(0.5, ge=0, le=1)
     t2: float = Field(0.1, ge=0, le=1)
@@ -47,7 +58,9 @@ class ProposalConfig(BaseModel):
     fusion: Literal["topk", "threshold"] = "topk"
     k: int = 5
     threshold: float = 0.5
-    clustering: Literal["kmeans", "quantile"] = "kmeans"
+    clustering: Literal["kmeans", "quantile", "threshold"] = "kmeans"
+    clustering_lo: float = Field(0.3, description="quantile/threshold clustering: lower cut")
+    clustering_hi: float = Field(0.7, description="quantile/threshold clustering: upper cut")
     seeding: Literal["random_walker", "grabcut", "none"] = "random_walker"
     beta: float = 130.0
     downscale: int = 2
@@ -56,6 +69,8 @@ class ProposalConfig(BaseModel):
 
 class SegmentationConfig(BaseModel):
     """The segmentation model trained on the pseudo-labels (step 8)."""
+
+    model_config = ConfigDict(extra="forbid")
 
     model: str = Field("small", description="registry name: small, fusion, global_local")
     options: dict[str, Any] = Field(default_factory=dict,
@@ -70,6 +85,7 @@ class SegmentationConfig(BaseModel):
     crop: int = 224
     max_seconds: float | None = None
     patience: int = 4
+    min_steps: int = Field(0, ge=0, description="raise the epochs so that small corpora still get this many steps")
     use_edges: bool = Field(True, description="feed the feature-region map as a 4th input channel")
     finetune: bool = Field(True, description="start round r from model r-1")
     num_workers: int = 1
@@ -77,6 +93,8 @@ class SegmentationConfig(BaseModel):
 
 class WSSSConfig(BaseModel):
     """Everything a refresh run depends on."""
+
+    model_config = ConfigDict(extra="forbid")
 
     features: FeatureConfig = FeatureConfig()
     classifier: ClassifierConfig = ClassifierConfig()

@@ -30,7 +30,8 @@ from tasks import pipeline as pl
 from tasks import training as tr
 from tasks.metrics import iou_from_confusion
 from flows.report import overlay_grid
-from tasks.proposal_classifier import proposal_targets, train_proposal_classifier
+from tasks.proposal_classifier import (combine_evidence, predict_proposals, proposal_targets, superpixel_scores,
+                                       train_proposal_classifier)
 from tasks.store import ClassSpec, ImageRecord, Store
 from tasks import superpixels as spx
 from tasks.tracking import Tracker
@@ -194,7 +195,7 @@ def train_round_proposal_classifier(run_dir: str, r: int, records: list[ImageRec
     if out.exists():
         return out
     classes = store.classes()
-    feats, targets, tags = [], [], []
+    feats, targets, tags, sp_probs, feat_objs = [], [], [], [], []
     prog = Progress("proposal-classifier", len(records))
     for i, rec in enumerate(records):
         f = pl.load_features(store, rec, key)
@@ -205,11 +206,23 @@ def train_round_proposal_classifier(run_dir: str, r: int, records: list[ImageRec
         targets.append(proposal_targets(f.membership, sp_prob, f.sp_areas, allowed,
                                         sharpen=cfg.proposals.target_sharpen))
         tags.append(allowed)
+        sp_probs.append(sp_prob)
+        feat_objs.append(f)
         if (i + 1) % max(1, len(records) // 4) == 0:
             prog.advance(max(1, len(records) // 4), "features gathered")
     p = cfg.proposals
     model, losses = train_proposal_classifier(feats, targets, tags, hidden=p.hidden, epochs=p.epochs, lr=p.lr,
                                               seed=cfg.seed + r)
+    for it in range(p.mil_iterations):
+        # multiple-instance refinement: targets from the mixture of the preliminary result and
+        # the classifier's own multi-scale superpixel scores, then retrain
+        targets = []
+        for rec, x, allowed, sp_prob, f in zip(records, feats, tags, sp_probs, feat_objs):
+            sp_clf = superpixel_scores(predict_proposals(model, x, allowed), f.membership)
+            mixed = combine_evidence(sp_prob, sp_clf, allowed, weight=p.evidence_weight)
+            targets.append(proposal_targets(f.membership, mixed, f.sp_areas, allowed, sharpen=p.target_sharpen))
+        model, losses = train_proposal_classifier(feats, targets, tags, hidden=p.hidden, epochs=p.epochs, lr=p.lr,
+                                                  seed=cfg.seed + r + 1000 * (it + 1))
     prog.message(f"trained on {sum(len(f) for f in feats)} proposals, loss {losses[0]:.3f} -> {losses[-1]:.3f}")
     out.parent.mkdir(parents=True, exist_ok=True)
     torch.save({"model": model, "losses": losses}, out)
@@ -240,10 +253,11 @@ def train_round_segmenter(run_dir: str, r: int, records: list[ImageRecord], key:
         model.load_state_dict(prev.state_dict())
     ds = tr.StoreDataset(len(records), LabelLoader(run_dir, records, key, label_round),
                          tr.Augment(crop=s.crop), seed=cfg.seed + r, with_edge=s.use_edges)
-    tcfg = tr.TrainConfig(epochs=s.epochs, batch_size=s.batch_size, lr=s.lr, crop=s.crop, seed=cfg.seed + r,
+    epochs = max(s.epochs, -(-s.min_steps // max(1, len(records) // s.batch_size)))
+    tcfg = tr.TrainConfig(epochs=epochs, batch_size=s.batch_size, lr=s.lr, crop=s.crop, seed=cfg.seed + r,
                           device=cfg.device, max_seconds=s.max_seconds, patience=s.patience,
                           num_workers=s.num_workers)
-    prog = Progress(f"segmenter r{r}" if label_round is not None else "supervised", s.epochs, "epochs")
+    prog = Progress(f"segmenter r{r}" if label_round is not None else "supervised", epochs, "epochs")
     log = (lambda m, step: tracker.log_metrics({f"seg_{k}": v for k, v in m.items()}, step)) if tracker else None
     state_path = out.with_name(f"{out.stem}.train_state.pt")
     result = tr.fit(model, ds, tr.segmentation_loss(), tcfg, checkpoint=state_path, log=log,

@@ -564,6 +564,8 @@ def pseudo_label(
     k=5,
     threshold=0.5,
     clustering="kmeans",
+    clustering_lo=0.3,
+    clustering_hi=0.7,
     seeding="random_walker",
     min_confidence=0.0,
     beta=130.0,
@@ -610,7 +612,7 @@ def pseudo_label(
     fusion, k, threshold
         :func:`fuse_class` options.
     clustering : str
-        :func:`three_way` method.
+        :func:`three_way` method; ``clustering_lo``, ``clustering_hi`` are its lo, hi.
     seeding : str
         :func:`seeded_segmentation` method.
     min_confidence : float, optional
@@ -699,7 +701,8 @@ def pseudo_label(
         else:
             info["fallback"].append(int(c))
             fused[:, j] = counts[:, c] / safe_areas
-        zones[:, j] = three_way(fused[:, j], weights=areas, method=clustering, seed=seed)
+        zones[:, j] = three_way(fused[:, j], weights=areas, method=clustering, lo=clustering_lo,
+                                hi=clustering_hi, seed=seed)
 
     # 4. seeds
     bg_seed = n_obj + 1 if background is not None else None

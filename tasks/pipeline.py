@@ -18,7 +18,7 @@ import models
 from tasks import training as tr
 from tasks.ingest import load_image, load_mask
 from tasks.metrics import ConfusionAccumulator, changed_share, ignore_share
-from tasks.proposal_classifier import predict_proposals
+from tasks.proposal_classifier import combine_evidence, predict_proposals, superpixel_scores
 
 from tasks import superpixels as spx
 from tasks.edges import feature_region_map
@@ -103,6 +103,7 @@ def make_pseudo_label(image: np.ndarray, feat: ImageFeatures, proposal_prob: np.
         image, feat.superpixels, feat.membership, proposal_prob, prelim, object_tags,
         background=classes.background, t1=pcfg["t1"], p1=pcfg["p1"], t2=pcfg["t2"], p2=pcfg["p2"],
         fusion=pcfg["fusion"], k=pcfg["k"], threshold=pcfg["threshold"], clustering=pcfg["clustering"],
+        clustering_lo=pcfg["clustering_lo"], clustering_hi=pcfg["clustering_hi"],
         seeding=pcfg["seeding"], min_confidence=pcfg["min_confidence"], beta=pcfg["beta"],
         downscale=pcfg["downscale"], seed=seed)
 
@@ -196,6 +197,11 @@ def pseudo_shard(run_dir: str, ids: list[str], round_index: int, clf_path: str, 
         prelim = store.prelim(round_index, rec.image_id, classes.n)
         allowed = classes.tag_vector(rec.tags)
         prob = predict_proposals(clf, proposal_inputs(f), allowed)
+        if pcfg["evidence"] == "combined":
+            sp_prelim = spx.pool(prelim, f.superpixels, n=len(f.sp_areas), channel_axis=0)
+            mixed = combine_evidence(sp_prelim, superpixel_scores(prob, f.membership), allowed,
+                                     weight=pcfg["evidence_weight"])
+            prelim = spx.paint(mixed, f.superpixels)
         label, info = make_pseudo_label(image, f, prob, prelim, classes, rec.tags, pcfg, seed)
         store.write_pseudo(round_index, rec.image_id, label)
         previous = store.pseudo(round_index - 1, rec.image_id) if round_index > 0 else \

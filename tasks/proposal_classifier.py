@@ -111,3 +111,31 @@ def predict_proposals(model: ProposalMLP, features: np.ndarray, tags: np.ndarray
     logits = model(torch.from_numpy(features.astype(np.float32)))
     logits = logits.masked_fill(~torch.from_numpy(tags)[None], -1e4)
     return logits.softmax(1).numpy().astype(np.float32)
+
+
+def superpixel_scores(prob: np.ndarray, membership: sp.csr_matrix) -> np.ndarray:
+    """(S, K) class scores of each superpixel: the average of the probabilities of every proposal
+    that contains it, weighted by each proposal's confidence (its largest probability).
+
+    Multi-scale proposals vote: a superpixel whose small and large enclosing regions agree gets a
+    confident score; one on a border between objects gets a mixed one.
+    """
+    m = sp.csr_matrix(membership, dtype=np.float64)
+    if prob.shape[0] != m.shape[0]:
+        raise ValueError(f"prob has {prob.shape[0]} rows but membership has {m.shape[0]} proposals")
+    w = prob.max(1).astype(np.float64)
+    num = m.T @ (prob.astype(np.float64) * w[:, None])
+    den = m.T @ w
+    return (num / np.maximum(den, 1e-12)[:, None]).astype(np.float32)
+
+
+def combine_evidence(sp_prelim: np.ndarray, sp_clf: np.ndarray, allowed: np.ndarray, *,
+                     weight: float = 0.5, eps: float = 1e-4) -> np.ndarray:
+    """(S, K) normalised geometric mixture ``prelim**weight * clf**(1 - weight)`` over the allowed
+    classes: where the localisation cue (CAM / model) and the appearance classifier agree the
+    result is confident, where they disagree it is not."""
+    if not 0.0 <= weight <= 1.0:
+        raise ValueError(f"weight must be in [0, 1], got {weight}")
+    c = (np.maximum(sp_prelim, 0) + eps) ** weight * (np.maximum(sp_clf, 0) + eps) ** (1.0 - weight)
+    c = np.where(allowed[None, :], c, 0.0)
+    return (c / np.maximum(c.sum(1, keepdims=True), 1e-12)).astype(np.float32)
