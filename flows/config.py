@@ -100,6 +100,9 @@ class WSSSConfig(BaseModel):
     classifier: ClassifierConfig = ClassifierConfig()
     proposals: ProposalConfig = ProposalConfig()
     segmentation: SegmentationConfig = SegmentationConfig()
+    prior_weight: float = Field(0.0, ge=0, le=1, description=(
+        "rounds >= 1: weight of round 0's CAM in the preliminary result, a geometric mixture with the "
+        "model r-1 output [ours]; 0 = the model alone, as METHOD.md step 1"))
     max_rounds: int = Field(3, ge=1)
     epsilon: float = Field(0.02, description="converged when the changed-pixel share falls below this")
     split: str = "train"

@@ -174,6 +174,10 @@ def preliminary_shard(run_dir: str, ids: list[str], round_index: int, model_path
         else:
             edges = store.cached(FEATURE_STAGE, key, rec.sha256)["edges"] if state["in_channels"] == 4 else None
             prob = restrict(tr.predict_probs(model, image, edges), allowed)
+            w = cfg.get("prior_weight", 0.0)
+            if w > 0:
+                prior = store.prelim(0, rec.image_id, classes.n)
+                prob = restrict((prob + 1e-4) ** (1 - w) * (prior + 1e-4) ** w, allowed)
         idx = np.flatnonzero(allowed)
         store.write_prelim(round_index, rec.image_id, prob[idx], idx)
     store.mark_shard_done(round_index, "prelim", ids[0], {"images": len(ids)})
