@@ -153,8 +153,9 @@ def object_classes(classes: ClassSpec) -> list[int]:
 
 
 def train_image_classifier(run_dir: str, records: list[ImageRecord], cfg: WSSSConfig,
-                           tracker: Tracker | None) -> Path:
-    """Multi-label classifier on the tags; its checkpoint is written to RUN/classifier.pt."""
+                           tracker: Tracker | None) -> tuple[Path, float]:
+    """Multi-label classifier on the tags, written to RUN/classifier.pt; returns it and the
+    seconds its training took (read back from the checkpoint when it already exists)."""
     from models.small import image_classifier
 
     store = Store(run_dir)
@@ -162,7 +163,8 @@ def train_image_classifier(run_dir: str, records: list[ImageRecord], cfg: WSSSCo
     obj = object_classes(classes)
     out = store.root / "classifier.pt"
     if out.exists():
-        return out
+        return out, models.load_checkpoint(out)[1]["meta"].get("seconds", 0.0)
+    t0 = time.perf_counter()
     targets = np.zeros((len(records), len(obj)), np.float32)
     for i, r in enumerate(records):
         for t in r.tags:
@@ -179,8 +181,9 @@ def train_image_classifier(run_dir: str, records: list[ImageRecord], cfg: WSSSCo
                     log=log, progress=lambda s: prog.advance(1, s.split(" ", 2)[-1]))
     models.save_checkpoint(out, model, builder_ref="models.small:image_classifier", num_classes=len(obj),
                            in_channels=3, options={"width": c.width, "stride": c.stride},
-                           meta={"object_classes": obj, "epochs_run": result.epochs_run})
-    return out
+                           meta={"object_classes": obj, "epochs_run": result.epochs_run,
+                                 "seconds": time.perf_counter() - t0})
+    return out, time.perf_counter() - t0
 
 
 # ============================================================================ round steps
@@ -412,9 +415,7 @@ def train_wsss(run_dir: str, config: WSSSConfig = WSSSConfig(), dask_address: st
         # 2. superpixels, proposals and the edge feature map, once per image and parameter set
         key = compute_all_features(run_dir, records, config)
         # 4. image classifier on the tags; its CAMs are round 0's preliminary result
-        t_cls = time.perf_counter()
-        clf = train_image_classifier(run_dir, records, config, tracker)
-        cls_seconds = time.perf_counter() - t_cls
+        clf, cls_seconds = train_image_classifier(run_dir, records, config, tracker)
         converged = False
         for r in range(config.max_rounds):
             sub = refresh_round.with_options(task_runner=runner(dask_address)) if dask_address else refresh_round

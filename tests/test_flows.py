@@ -1,7 +1,6 @@
 """Flows under prefect_test_harness on real images: ingest errors, and the whole training
 end to end (pseudo-labels after the rounds beat the round-0 CAM labels on the same images)."""
 import json
-import shutil
 
 import numpy as np
 import pytest
@@ -47,7 +46,18 @@ def test_ingest_reports_bad_files_and_writes_nothing(tmp_path, prefect_harness, 
 
 def test_train_wsss_end_to_end(tmp_path, prefect_harness, cluster):
     import mlflow
+    import torch
 
+    # one thread: training is then bit-reproducible, so this comparison cannot flip between runs
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        _end_to_end(tmp_path, cluster, mlflow)
+    finally:
+        torch.set_num_threads(threads)
+
+
+def _end_to_end(tmp_path, cluster, mlflow):
     from flows.config import WSSSConfig
     from flows.wsss import ingest, runner, train_wsss
     from tasks.store import Store
