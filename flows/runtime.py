@@ -26,16 +26,14 @@ def prepare(run_dir: str | os.PathLike, *, verbose: bool = False) -> Path:
         "DASK_TEMPORARY_DIRECTORY": str(run / "dask-scratch"),
         "DASK_DISTRIBUTED__WORKER__DAEMON": "false",
         "MLFLOW_DISABLE_TELEMETRY": "true",
-        "MLFLOW_TRACKING_URI": os.environ.get("MLFLOW_TRACKING_URI") or f"sqlite:///{run / 'mlflow.db'}",
         "DO_NOT_TRACK": "1",
         "DASK_LOGGING__DISTRIBUTED": "error",
         # the embedded Prefect API server runs its migrations on first start: give it time on
         # a busy two-core machine
         "PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS": "180",
     }
-    tracking = env.pop("MLFLOW_TRACKING_URI")
     os.environ.update(env)
-    os.environ.setdefault("MLFLOW_TRACKING_URI", tracking)  # a user's MLflow server wins
+    # MLflow: tasks.tracking uses RUN/mlflow.db unless the user points MLFLOW_TRACKING_URI at a server
     return run
 
 
@@ -47,8 +45,17 @@ def prefect_api() -> Iterator[str | None]:
     server on the same database (measured: one uvicorn per worker, each busy); this starts one
     local server and exports its URL so the workers, started afterwards, inherit it.
     """
-    if os.environ.get("PREFECT_API_URL"):
-        yield os.environ["PREFECT_API_URL"]
+    from prefect.settings import PREFECT_API_URL
+
+    configured = os.environ.get("PREFECT_API_URL") or PREFECT_API_URL.value()
+    if configured:  # a server the user (or a test harness) already runs: share it with the workers
+        previous = os.environ.get("PREFECT_API_URL")
+        os.environ["PREFECT_API_URL"] = configured
+        try:
+            yield configured
+        finally:
+            if previous is None:
+                os.environ.pop("PREFECT_API_URL", None)
         return
     from prefect.server.api.server import SubprocessASGIServer
 

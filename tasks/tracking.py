@@ -18,10 +18,13 @@ os.environ.setdefault("MLFLOW_ENABLE_ARTIFACTS_PROGRESS_BAR", "false")
 import mlflow  # noqa: E402
 
 PIP_REQUIREMENTS = ["torch>=2.4", "numpy"]
+# The user's own server, read once: mlflow.set_tracking_uri() writes MLFLOW_TRACKING_URI into the
+# environment, so reading it later would send a second run directory's runs to the first one's DB.
+USER_TRACKING_URI = os.environ.get("MLFLOW_TRACKING_URI")
 
 
 def tracking_uri(run_dir: Path) -> str:
-    return os.environ.get("MLFLOW_TRACKING_URI") or f"sqlite:///{Path(run_dir).resolve() / 'mlflow.db'}"
+    return USER_TRACKING_URI or f"sqlite:///{Path(run_dir).resolve() / 'mlflow.db'}"
 
 
 def flatten(config: dict[str, Any], prefix: str = "") -> dict[str, Any]:

@@ -123,16 +123,16 @@ def test_bench_quality_end_to_end(tmp_path, prefect_harness, capsys):
     assert all(i in TRAIN for i in res["figure_images"]) and len(res["figure_images"]) == 6
     assert "CAM + dense CRF" in capsys.readouterr().out
 
-    # CAM + CRF is a different labelling than CAM, on tagged classes only
+    # CAM + CRF exists for every image, at the image's size, on tagged classes only (what the CRF
+    # changes is tested on a synthetic image with known regions above; here the 1-round CAM of a
+    # 3-epoch classifier can be too flat for the CRF to move any boundary)
     store = Store(run)
     classes = store.classes()
-    differs = 0
     for iid in TRAIN:
         cam, crf = store.pseudo(0, iid, name="cam"), store.pseudo(0, iid, name="cam_crf")
         rec = next(r for r in store.manifest() if r.image_id == iid)
+        assert crf is not None and crf.shape == cam.shape == (rec.height, rec.width)
         assert set(np.unique(crf)) <= set(np.flatnonzero(classes.tag_vector(rec.tags)))
-        differs += int((cam != crf).any())
-    assert differs >= 1
 
     # the ablation variant reused the corpus, cache and classifier instead of recomputing them
     a = res["ablations"]["fusion_threshold"]
