@@ -120,7 +120,11 @@ class Store:
     # ------------------------------------------------------------------ arrays
     def _group(self, path: Path, mode: str = "a") -> zarr.Group:
         path.parent.mkdir(parents=True, exist_ok=True)
-        return zarr.open_group(str(path), mode=mode)
+        try:
+            return zarr.open_group(str(path), mode=mode)
+        except zarr.errors.ContainsGroupError:
+            # another worker created the group between our check and our create: open theirs
+            return zarr.open_group(str(path), mode="r+")
 
     def _write_array(self, group: Path, name: str, arr: np.ndarray, attrs: dict | None = None) -> None:
         g = self._group(group)

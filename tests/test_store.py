@@ -76,3 +76,22 @@ def test_shard_markers(tmp_path):
     assert store.shard_done(0, "pseudo", "a") is None
     store.mark_shard_done(0, "pseudo", "a", {"images": 3})
     assert store.shard_done(0, "pseudo", "a") == {"images": 3}
+
+
+def _put(args):
+    root, i = args
+    Store(root).put_image(f"img{i}", np.full((4, 4, 3), i, np.uint8), f"sha{i}")
+    return i
+
+
+def test_concurrent_writers_into_a_new_group(tmp_path):
+    """Worker processes that create the first arrays of a group at the same moment all succeed
+    (one of them used to fail with 'A group exists in store')."""
+    import multiprocessing as mp
+
+    for trial in range(3):
+        root = tmp_path / f"t{trial}"
+        with mp.get_context("fork").Pool(6) as pool:
+            pool.map(_put, [(str(root), i) for i in range(12)])
+        store = Store(root)
+        assert all(store.image(f"img{i}")[0, 0, 0] == i for i in range(12))
