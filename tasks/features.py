@@ -17,6 +17,8 @@ import cv2
 import numpy as np
 import scipy.sparse as sp
 
+from tasks.superpixels import check_image_and_labels
+
 __all__ = ["FEATURE_NAMES", "PROPOSAL_EXTRA_NAMES", "feature_names", "superpixel_features",
            "proposal_features"]
 
@@ -201,17 +203,7 @@ def superpixel_features(image, labels, *, edge_map=None):
     ((2, 94), True)
     """
     # parse
-    image = np.asarray(image)
-    labels = np.asarray(labels)
-    if image.ndim != 3 or image.shape[2] != 3 or image.dtype != np.uint8:
-        raise ValueError(f"image must be an (H, W, 3) uint8 RGB array, got shape {image.shape} "
-                         f"and dtype {image.dtype}")
-    if labels.shape != image.shape[:2] or not np.issubdtype(labels.dtype, np.integer):
-        raise ValueError(f"labels must be an (H, W) = {image.shape[:2]} integer map, got shape "
-                         f"{labels.shape} and dtype {labels.dtype}")
-    if labels.min() < 0:
-        raise ValueError("labels must be superpixel ids 0..S-1 (see tasks.superpixels.superpixels)")
-    n = int(labels.max()) + 1
+    image, labels, n = check_image_and_labels(image, labels)
     pool = _Pooler(labels, n)
     if (pool.size == 0).any():
         raise ValueError("labels must be contiguous 0..S-1 (some ids have no pixels); relabel "

@@ -33,6 +33,7 @@ import numpy as np
 import scipy.sparse as sp
 
 from tasks.superpixels import areas as _sp_areas
+from tasks.superpixels import check_image_and_labels
 
 __all__ = ["COLOUR_SPACES", "hierarchical_proposals", "proposal_areas"]
 
@@ -290,17 +291,7 @@ def hierarchical_proposals(image, labels, *, edge_map=None, features=None, min_s
     ((15, 8), True)
     """
     # parse
-    image = np.asarray(image)
-    labels = np.asarray(labels)
-    if image.ndim != 3 or image.shape[2] != 3 or image.dtype != np.uint8:
-        raise ValueError(f"image must be an (H, W, 3) uint8 RGB array, got shape {image.shape} "
-                         f"and dtype {image.dtype}")
-    if labels.shape != image.shape[:2] or not np.issubdtype(labels.dtype, np.integer):
-        raise ValueError(f"labels must be an (H, W) = {image.shape[:2]} integer map, got shape "
-                         f"{labels.shape} and dtype {labels.dtype}")
-    if labels.min() < 0:
-        raise ValueError("labels must be superpixel ids 0..S-1 (see tasks.superpixels.superpixels)")
-    n = int(labels.max()) + 1
+    image, labels, n = check_image_and_labels(image, labels)
     size = _sp_areas(labels, n).astype(np.float64)
     if (size == 0).any():
         raise ValueError("labels must be contiguous 0..S-1 (some ids have no pixels); relabel "

@@ -196,6 +196,23 @@ def superpixels(image, *, method="slico", region_size=16, ruler=10.0, n_iter=10,
 
 
 # --------------------------------------------------------------------------- per-superpixel
+def check_image_and_labels(image, labels):
+    """Validate an (H, W, 3) uint8 RGB image and its superpixel map; return them as arrays and
+    the number of superpixels S. Raises ValueError saying how to fix the call."""
+    image = np.asarray(image)
+    labels = np.asarray(labels)
+    if image.ndim != 3 or image.shape[2] != 3 or image.dtype != np.uint8:
+        raise ValueError(f"image must be an (H, W, 3) uint8 RGB array, got shape {image.shape} "
+                         f"and dtype {image.dtype}")
+    if labels.shape != image.shape[:2] or not np.issubdtype(labels.dtype, np.integer):
+        raise ValueError(f"labels must be an (H, W) = {image.shape[:2]} integer map, got shape "
+                         f"{labels.shape} and dtype {labels.dtype}")
+    if labels.min() < 0:
+        raise ValueError("labels must be superpixel ids 0..S-1 (see tasks.superpixels.superpixels)")
+    n = int(labels.max()) + 1
+    return image, labels, n
+
+
 def areas(labels, n=None):
     """Number of pixels of each superpixel.
 
