@@ -172,6 +172,12 @@ def ablation_variants(config) -> dict[str, dict]:
         "no_3way": {"what": "3-way clustering off (quantile split at the median: nothing ambiguous)",
                     "overrides": {"proposals.clustering": "quantile", CLUSTER_LO: 0.5, CLUSTER_HI: 0.5 + 1e-6}},
     }
+    if config.mil.iterations > 0:
+        out["no_mil"] = {"what": "superpixel MIL refinement off (the preliminary result goes to step 3 as it is)",
+                         "overrides": {"mil.iterations": 0}}
+    if p.seed_prior_weight > 0:
+        out["no_seed_prior"] = {"what": "seeded segmentation without the evidence prior (colour and seeds alone)",
+                                "overrides": {"proposals.seed_prior_weight": 0.0}}
     for s in ("grabcut", "random_walker", "none"):
         if s != p.seeding:
             out[f"seeding_{s}"] = {"what": f"seeded segmentation {s} instead of {p.seeding}",

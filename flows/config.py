@@ -27,13 +27,17 @@ class ClassifierConfig(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
     epochs: int = 40
-    size: int = 192
+    size: int = 224
     width: int = 16
-    stride: int = Field(16, description="CAM stride: 16 (fast) or 8 (dilated last stage)")
+    stride: int = Field(8, description="CAM stride: 8 (dilated last stage) or 16 (fast)")
     batch_size: int = 16
     lr: float = 2e-3
     max_seconds: float | None = None
-    cam_scales: tuple[float, ...] = (1.0, 1.5)
+    cam_scales: tuple[float, ...] = (1.0,)
+    cam_mode: Literal["auto", "centered", "normalized"] = Field("auto", description=(
+        "centered: class maps minus their image mean, softmax over the tags; normalized: ReLU CAMs "
+        "divided by their maximum; auto: centered without an implicit background class"))
+    cam_temperature: float = Field(1.0, gt=0, description="softmax temperature of centered class maps")
     background_threshold: float = Field(0.35, description="CAM score of the implicit background class")
 
 
@@ -63,8 +67,24 @@ class ProposalConfig(BaseModel):
     clustering_hi: float = Field(0.7, description="quantile/threshold clustering: upper cut")
     seeding: Literal["random_walker", "grabcut", "none"] = "random_walker"
     beta: float = 130.0
+    seed_prior_weight: float = Field(0.5, ge=0, le=1, description=(
+        "weight of the preliminary evidence beside the seeded segmentation's probabilities in the "
+        "ambiguous area [ours]; 0 = colour and seeds alone, as METHOD.md step 7"))
     downscale: int = 2
     min_confidence: float = 0.0
+
+
+class MILConfig(BaseModel):
+    """Superpixel multiple-instance refinement of the preliminary result [ours]: a corpus-wide
+    superpixel classifier, labels restricted to the tags, reassigned ``iterations`` times."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    iterations: int = Field(8, ge=0, description="0 = off: the preliminary result goes to step 3 as it is")
+    prior_weight: float = Field(0.3, ge=0, le=1, description="weight of the preliminary result in each mixture")
+    hidden: int = 256
+    epochs: int = 10
+    lr: float = 3e-3
 
 
 class SegmentationConfig(BaseModel):
@@ -98,6 +118,7 @@ class WSSSConfig(BaseModel):
 
     features: FeatureConfig = FeatureConfig()
     classifier: ClassifierConfig = ClassifierConfig()
+    mil: MILConfig = MILConfig()
     proposals: ProposalConfig = ProposalConfig()
     segmentation: SegmentationConfig = SegmentationConfig()
     prior_weight: float = Field(0.0, ge=0, le=1, description=(

@@ -30,6 +30,7 @@ from tasks import pipeline as pl
 from tasks import training as tr
 from tasks.metrics import iou_from_confusion
 from flows.report import overlay_grid
+from tasks import mil
 from tasks.proposal_classifier import (combine_evidence, predict_proposals, proposal_targets, superpixel_scores,
                                        train_proposal_classifier)
 from tasks.store import ClassSpec, ImageRecord, Store
@@ -190,21 +191,54 @@ def train_image_classifier(run_dir: str, records: list[ImageRecord], cfg: WSSSCo
 preliminary_shard = task(name="preliminary-shard", **SHARD_TASK)(pl.preliminary_shard)
 
 
+def train_round_mil(run_dir: str, r: int, records: list[ImageRecord], key: str, cfg: WSSSConfig,
+                    tracker: Tracker | None) -> Path | None:
+    """Superpixel MIL classifier of round r (tasks/mil.py), trained on the whole corpus; None when off."""
+    m = cfg.mil
+    if m.iterations == 0:
+        return None
+    store = Store(run_dir)
+    out = store.round_dir(r) / "mil.pt"
+    if out.exists():
+        return out
+    classes = store.classes()
+    feats, prelims, tags, areas = [], [], [], []
+    prog = Progress(f"r{r} superpixel MIL", m.iterations, "iterations")
+    for rec in records:
+        f = pl.load_features(store, rec, key)
+        feats.append(f.sp_features)
+        prelims.append(spx.pool(store.prelim(r, rec.image_id, classes.n), f.superpixels, n=len(f.sp_areas),
+                                channel_axis=0))
+        tags.append(classes.tag_vector(rec.tags))
+        areas.append(f.sp_areas)
+    res = mil.refine(feats, prelims, tags, areas, iterations=m.iterations, prior_weight=m.prior_weight,
+                     hidden=m.hidden, epochs=m.epochs, lr=m.lr, seed=cfg.seed + r)
+    for i, (c, loss) in enumerate(zip(res.changed, res.losses)):
+        prog.advance(1, f"labels changed {c:.3f}, loss {loss:.3f}")
+        if tracker is not None:
+            tracker.log_metrics({"mil_changed_share": c, "mil_loss": loss}, step=i)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    torch.save({"model": res.model, "changed": res.changed, "losses": res.losses}, out)
+    return out
+
+
 def train_round_proposal_classifier(run_dir: str, r: int, records: list[ImageRecord], key: str,
-                                    cfg: WSSSConfig) -> Path:
-    """Step 3: the proposal classifier of round r, trained on the whole corpus."""
+                                    cfg: WSSSConfig, mil_path: Path | None = None) -> Path:
+    """Step 3: the proposal classifier of round r, trained on the whole corpus; its targets come
+    from the preliminary result, refined by the round's MIL classifier when there is one."""
     store = Store(run_dir)
     out = store.round_dir(r) / "proposal_classifier.pt"
     if out.exists():
         return out
     classes = store.classes()
+    mil_model = pl.load_mil(mil_path)
     feats, targets, tags, sp_probs, feat_objs = [], [], [], [], []
     prog = Progress("proposal-classifier", len(records))
     for i, rec in enumerate(records):
         f = pl.load_features(store, rec, key)
-        prelim = store.prelim(r, rec.image_id, classes.n)
-        sp_prob = spx.pool(prelim, f.superpixels, n=len(f.sp_areas), channel_axis=0)
         allowed = classes.tag_vector(rec.tags)
+        sp_prob = pl.sp_evidence(f, store.prelim(r, rec.image_id, classes.n), allowed, mil_model,
+                                 cfg.mil.prior_weight)
         feats.append(pl.proposal_inputs(f))
         targets.append(proposal_targets(f.membership, sp_prob, f.sp_areas, allowed,
                                         sharpen=cfg.proposals.target_sharpen))
@@ -345,11 +379,14 @@ def refresh_round(run_dir: str, round_index: int, config: WSSSConfig, feature_ke
             prelim_model, kind = str(store.round_dir(r - 1) / "model.pt"), "model"
         run_shards(preliminary_shard, shards, f"r{r} preliminary", run_dir=run_dir, round_index=r,
                    model_path=prelim_model, kind=kind, key=feature_key, cfg=cfg)
+        # [ours] superpixel MIL: the preliminary result refined by a corpus-wide appearance classifier
+        mil_path = train_round_mil(run_dir, r, records, feature_key, config, tracker)
         # 3. proposal classification (cross-entropy), trained on the whole corpus
-        clf_path = train_round_proposal_classifier(run_dir, r, records, feature_key, config)
+        clf_path = train_round_proposal_classifier(run_dir, r, records, feature_key, config, mil_path)
         # 5.-7. IoU filtering, fusion per tagged class, 3-way clustering, seeded segmentation
         results = run_shards(pseudo_shard, shards, f"r{r} pseudo-labels", run_dir=run_dir, round_index=r,
-                             clf_path=str(clf_path), key=feature_key, pcfg=cfg["proposals"], seed=config.seed)
+                             clf_path=str(clf_path), key=feature_key, pcfg=cfg["proposals"], seed=config.seed,
+                             mil_path=str(mil_path) if mil_path else None, mil_weight=config.mil.prior_weight)
         stats = [s for res in results for s in res["stats"]]
         pixels = sum(s["pixels"] for s in stats)
         changed = sum(s["changed"] * s["pixels"] for s in stats) / pixels

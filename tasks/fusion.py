@@ -426,6 +426,8 @@ def seeded_segmentation(
     tol=1e-3,
     grabcut_iters=3,
     seed=0,
+    prior=None,
+    prior_weight=0.0,
 ):
     """Grow seed labels over the unseeded area of an image.
 
@@ -457,6 +459,13 @@ def seeded_segmentation(
     grabcut_iters : int, optional
     seed : int, optional
         Seeds OpenCV's RNG (GrabCut's GMM initialisation).
+    prior : (n, H, W) float array, optional
+        Class evidence of each seed label ``1..n`` (row ``l - 1`` for label ``l``), e.g. the
+        preliminary result. With ``prior_weight`` w > 0 the probabilities of the unseeded
+        pixels become the normalised ``P_seg ** (1 - w) * prior ** w`` [ours]: the seeded
+        segmentation knows colour and boundaries but nothing of the classes, the prior knows
+        the classes but not the boundaries.
+    prior_weight : float in [0, 1], optional
 
     Returns
     -------
@@ -486,6 +495,13 @@ def seeded_segmentation(
         raise ValueError(f"downscale must be an integer >= 1, got {downscale}.")
     if seeds.size and seeds.min() < 0:
         raise ValueError("seeds must be >= 0 (0 = unseeded).")
+    if not 0.0 <= float(prior_weight) <= 1.0:
+        raise ValueError(f"prior_weight must be in [0, 1], got {prior_weight}.")
+    if prior_weight > 0:
+        prior = np.asarray(prior, dtype=np.float32) if prior is not None else None
+        if prior is None or prior.ndim != 3 or prior.shape[1:] != seeds.shape or prior.shape[0] < seeds.max():
+            raise ValueError(f"prior must be (n >= {int(seeds.max())}, {seeds.shape[0]}, {seeds.shape[1]}) "
+                             f"when prior_weight > 0, got {None if prior is None else prior.shape}.")
     seeds = seeds.astype(np.int32)
     f = int(downscale)
     shape = seeds.shape
@@ -527,9 +543,13 @@ def seeded_segmentation(
     if f > 1:
         prob = _upsample(prob, shape, f)
 
-    # assemble: normalise, force the full-resolution seeds
+    # assemble: normalise, mix in the prior, force the full-resolution seeds
     total = prob.sum(axis=0, keepdims=True)
     prob = np.where(total > 0, prob / np.where(total > 0, total, 1), 1.0 / m)
+    if prior_weight > 0:
+        w = float(prior_weight)
+        prob = (prob + 1e-4) ** (1.0 - w) * (np.maximum(prior[present - 1], 0.0) + 1e-4) ** w
+        prob /= prob.sum(axis=0, keepdims=True)
     rows, cols = np.nonzero(~unseeded)
     prob[:, rows, cols] = 0.0
     prob[compact[rows, cols] - 1, rows, cols] = 1.0
@@ -571,6 +591,7 @@ def pseudo_label(
     beta=130.0,
     downscale=1,
     seed=0,
+    prior_weight=0.0,
 ):
     """The corrected result (pseudo-label) of one image: METHOD.md A steps 5-7.
 
@@ -620,6 +641,9 @@ def pseudo_label(
     beta, downscale
         :func:`seeded_segmentation` options.
     seed : int, optional
+    prior_weight : float, optional
+        Weight of `prelim` as the prior of :func:`seeded_segmentation` [ours]; 0 = the
+        seeded segmentation alone decides the ambiguous area, as METHOD.md step 7.
 
     Returns
     -------
@@ -711,8 +735,13 @@ def pseudo_label(
     info["ambiguous_share"] = 1.0 - info["seed_share"]
 
     # 5. seeded segmentation of the ambiguous area (step 7)
+    prior = None
+    if prior_weight > 0:
+        rows = list(classes) + ([int(background)] if background is not None else [])
+        prior = prelim[rows]
     seg, confidence = seeded_segmentation(
-        image, seeds, method=seeding, beta=beta, downscale=downscale, seed=seed
+        image, seeds, method=seeding, beta=beta, downscale=downscale, seed=seed,
+        prior=prior, prior_weight=prior_weight,
     )
 
     # 6. dataset class indices, ignore

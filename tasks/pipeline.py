@@ -20,6 +20,7 @@ from tasks.ingest import load_image, load_mask
 from tasks.metrics import ConfusionAccumulator, changed_share, ignore_share
 from tasks.proposal_classifier import combine_evidence, predict_proposals, superpixel_scores
 
+from tasks import mil
 from tasks import superpixels as spx
 from tasks.edges import feature_region_map
 from tasks.features import proposal_features, superpixel_features
@@ -85,12 +86,49 @@ def cam_to_prob(cams: np.ndarray, allowed: np.ndarray, background: int | None,
     return restrict(c, allowed)
 
 
+def cam_to_prob_centered(class_maps: np.ndarray, allowed: np.ndarray, temperature: float = 1.0) -> np.ndarray:
+    """Probabilities over the allowed classes from raw (K, H, W) class maps (logit units): each
+    class map minus its own image mean, softmax over the allowed classes.
+
+    Centring removes each class's image-level offset (what the global pooling learned for the
+    tag), so the comparison between classes at a pixel is about where each class sits, not how
+    confident the image-level score is. Measured on msrc21 train (276 images, one classifier):
+    0.420 mIoU against 0.383 for max-normalised ReLU CAMs and 0.406 for the uncentred maps.
+    """
+    c = class_maps - class_maps.reshape(len(class_maps), -1).mean(1)[:, None, None]
+    c = np.where(allowed[:, None, None], c / max(temperature, 1e-6), -np.inf)
+    c = np.exp(c - c.max(0, keepdims=True))
+    return (c / c.sum(0, keepdims=True)).astype(np.float32)
+
+
+def cam_mode(mode: str, background: int | None) -> str:
+    """``auto``: centred class maps when every pixel belongs to a tag (no implicit background),
+    max-normalised CAMs against a constant background score otherwise."""
+    return ("centered" if background is None else "normalized") if mode == "auto" else mode
+
+
 def labels_from_prob(prob: np.ndarray) -> np.ndarray:
     return prob.argmax(0).astype(np.uint8)
 
 
 def proposal_inputs(feat: ImageFeatures) -> np.ndarray:
     return proposal_features(feat.sp_features, feat.membership, feat.sp_areas)
+
+
+def load_mil(path: str | Path | None):
+    """The round's superpixel MIL classifier (None when the round has none)."""
+    if not path:
+        return None
+    return torch.load(path, weights_only=False)["model"]
+
+
+def sp_evidence(feat: ImageFeatures, prelim: np.ndarray, allowed: np.ndarray, mil_model, prior_weight: float) -> np.ndarray:
+    """(S, K) per-superpixel evidence of one image: the preliminary result pooled per superpixel,
+    refined by the round's MIL classifier when there is one."""
+    sp_prelim = spx.pool(prelim, feat.superpixels, n=len(feat.sp_areas), channel_axis=0)
+    if mil_model is None:
+        return sp_prelim
+    return mil.evidence(mil_model, feat.sp_features, sp_prelim, allowed, prior_weight)
 
 
 def make_pseudo_label(image: np.ndarray, feat: ImageFeatures, proposal_prob: np.ndarray, prelim: np.ndarray,
@@ -105,7 +143,7 @@ def make_pseudo_label(image: np.ndarray, feat: ImageFeatures, proposal_prob: np.
         fusion=pcfg["fusion"], k=pcfg["k"], threshold=pcfg["threshold"], clustering=pcfg["clustering"],
         clustering_lo=pcfg["clustering_lo"], clustering_hi=pcfg["clustering_hi"],
         seeding=pcfg["seeding"], min_confidence=pcfg["min_confidence"], beta=pcfg["beta"],
-        downscale=pcfg["downscale"], seed=seed)
+        downscale=pcfg["downscale"], seed=seed, prior_weight=pcfg["seed_prior_weight"])
 
 
 # ---------------------------------------------------------------------------- shard loops
@@ -166,10 +204,13 @@ def preliminary_shard(run_dir: str, ids: list[str], round_index: int, model_path
         image = store.image(rec.image_id)
         allowed = classes.tag_vector(rec.tags)
         if kind == "cam":
+            ccfg = cfg["classifier"]
             obj = state["meta"]["object_classes"]
             cams = np.zeros((classes.n,) + image.shape[:2], np.float32)
-            cams[obj] = tr.class_activation_maps(model, image, scales=tuple(cfg["classifier"]["cam_scales"]))
-            prob = cam_to_prob(cams, allowed, classes.background, cfg["classifier"]["background_threshold"])
+            centered = cam_mode(ccfg["cam_mode"], classes.background) == "centered"
+            cams[obj] = tr.class_activation_maps(model, image, scales=tuple(ccfg["cam_scales"]), raw=centered)
+            prob = cam_to_prob_centered(cams, allowed, ccfg["cam_temperature"]) if centered else \
+                cam_to_prob(cams, allowed, classes.background, ccfg["background_threshold"])
             store.write_pseudo(round_index, rec.image_id, labels_from_prob(prob), name="cam")
         else:
             edges = store.cached(FEATURE_STAGE, key, rec.sha256)["edges"] if state["in_channels"] == 4 else None
@@ -185,7 +226,7 @@ def preliminary_shard(run_dir: str, ids: list[str], round_index: int, model_path
 
 
 def pseudo_shard(run_dir: str, ids: list[str], round_index: int, clf_path: str, key: str, pcfg: dict,
-                 seed: int) -> dict:
+                 seed: int, mil_path: str | None = None, mil_weight: float = 0.0) -> dict:
     """Steps 5-7 for one shard: proposal probabilities, filtering, fusion, seeded segmentation."""
     _worker_setup()
     store = Store(run_dir)
@@ -194,6 +235,7 @@ def pseudo_shard(run_dir: str, ids: list[str], round_index: int, clf_path: str, 
         return done
     classes = store.classes()
     clf = torch.load(clf_path, weights_only=False)["model"]
+    mil_model = load_mil(mil_path)
     stats = []
     for rec in records_by_id(store.manifest(), ids):
         image = store.image(rec.image_id)
@@ -201,6 +243,9 @@ def pseudo_shard(run_dir: str, ids: list[str], round_index: int, clf_path: str, 
         prelim = store.prelim(round_index, rec.image_id, classes.n)
         allowed = classes.tag_vector(rec.tags)
         prob = predict_proposals(clf, proposal_inputs(f), allowed)
+        if mil_model is not None:
+            sp_prelim = sp_evidence(f, prelim, allowed, mil_model, mil_weight)
+            prelim = spx.paint(sp_prelim, f.superpixels)
         if pcfg["evidence"] == "combined":
             sp_prelim = spx.pool(prelim, f.superpixels, n=len(f.sp_areas), channel_axis=0)
             mixed = combine_evidence(sp_prelim, superpixel_scores(prob, f.membership), allowed,

@@ -59,7 +59,7 @@ def proposal_targets(membership: sp.csr_matrix, sp_prob: np.ndarray, sp_areas: n
 
 def train_proposal_classifier(features: list[np.ndarray], targets: list[np.ndarray], tags: list[np.ndarray], *,
                               hidden: int = 256, epochs: int = 30, lr: float = 1e-3, batch_size: int = 1024,
-                              seed: int = 0) -> tuple[ProposalMLP, list[float]]:
+                              seed: int = 0, weights: list[np.ndarray] | None = None) -> tuple[ProposalMLP, list[float]]:
     """Train the proposal classifier with soft cross-entropy over the tagged classes.
 
     Parameters
@@ -79,6 +79,8 @@ def train_proposal_classifier(features: list[np.ndarray], targets: list[np.ndarr
     x = torch.from_numpy(np.concatenate(features).astype(np.float32))
     y = torch.from_numpy(np.concatenate(targets).astype(np.float32))
     mask = torch.from_numpy(np.concatenate([np.repeat(t[None], len(f), 0) for t, f in zip(tags, features)]))
+    wt = torch.ones(len(x)) if weights is None else torch.from_numpy(np.concatenate(weights).astype(np.float32))
+    wt = wt / wt.mean().clamp_min(1e-12)
     model = ProposalMLP(x.shape[1], y.shape[1], hidden)
     model.mean.copy_(x.mean(0))
     model.std.copy_(x.std(0).clamp_min(1e-4))
@@ -94,7 +96,7 @@ def train_proposal_classifier(features: list[np.ndarray], targets: list[np.ndarr
         for i in range(steps):
             idx = perm[i * batch_size:(i + 1) * batch_size]
             logits = model(x[idx]).masked_fill(~mask[idx], -1e4)
-            loss = -(y[idx] * F.log_softmax(logits, 1)).sum(1).mean()
+            loss = (-(y[idx] * F.log_softmax(logits, 1)).sum(1) * wt[idx]).mean()
             opt.zero_grad(set_to_none=True)
             loss.backward()
             opt.step()

@@ -337,9 +337,12 @@ def predict_probs(model: nn.Module, image: np.ndarray, edge: np.ndarray | None, 
 
 @torch.no_grad()
 def class_activation_maps(model: nn.Module, image: np.ndarray, *, scales: Sequence[float] = (0.75, 1.0, 1.25),
-                          flip: bool = True, device: torch.device | None = None) -> np.ndarray:
-    """(K, H, W) float32 CAMs in [0, 1]: ReLU of the class map, multi-scale and flip averaged,
-    each class divided by its maximum."""
+                          flip: bool = True, device: torch.device | None = None, raw: bool = False) -> np.ndarray:
+    """(K, H, W) float32 class activation maps, multi-scale and flip averaged.
+
+    Default: ReLU of the class map, each class divided by its maximum (in [0, 1]).
+    ``raw=True``: the averaged class map (logit units) itself, for :func:`tasks.pipeline.cam_to_prob_centered`.
+    """
     device = device or next(model.parameters()).device
     model.eval()
     h, w = image.shape[:2]
@@ -348,10 +351,12 @@ def class_activation_maps(model: nn.Module, image: np.ndarray, *, scales: Sequen
         im = cv2.resize(image, (max(16, int(w * s)), max(16, int(h * s))), interpolation=cv2.INTER_LINEAR)
         x = torch.from_numpy(to_input(im, None))[None].to(device)
         xs = torch.cat([x, x.flip(-1)]) if flip else x
-        cam = F.relu(model.cam(xs))
-        if flip:
-            cam = cam[:1] + cam[1:].flip(-1)
+        cam = model.cam(xs)
+        cam = cam if raw else F.relu(cam)
+        cam = 0.5 * (cam[:1] + cam[1:].flip(-1)) if flip else cam
         cam = F.interpolate(cam, size=(h, w), mode="bilinear", align_corners=False)[0]
         acc = cam if acc is None else acc + cam
-    acc = acc / acc.flatten(1).amax(1).clamp_min(1e-5)[:, None, None]
-    return acc.cpu().numpy().astype(np.float32)
+    acc = acc / len(scales)
+    if not raw:
+        acc = acc / acc.flatten(1).amax(1).clamp_min(1e-5)[:, None, None]
+    return acc.float().cpu().numpy()

@@ -122,6 +122,28 @@ def test_seeded_segmentation_recovers_two_regions(method, downscale):
     assert np.all((conf > 0.5) & (conf <= 1.0))
 
 
+def test_seeded_segmentation_prior_decides_where_colour_cannot():
+    # one flat colour: the random walker splits the image between the seeds by distance alone;
+    # a prior that says "label 2 everywhere but the left seed's column block" moves the border
+    img = np.full((20, 40, 3), 120, np.uint8)
+    seeds = np.zeros((20, 40), np.int32)
+    seeds[8:12, 1:3] = 1
+    seeds[8:12, 37:39] = 2
+    plain, _ = seeded_segmentation(img, seeds)
+    assert (plain[:, :15] == 1).all() and (plain[:, 25:] == 2).all()
+    prior = np.zeros((2, 20, 40), np.float32)
+    prior[0, :, :6] = 1.0
+    prior[1, :, 6:] = 1.0
+    labels, conf = seeded_segmentation(img, seeds, prior=prior, prior_weight=0.5)
+    assert (labels[:, 6:] == 2).all() and (labels[8:12, 1:3] == 1).all()
+    assert np.all(conf[seeds > 0] == 1.0)
+    # weight 0 ignores the prior; a prior of the wrong shape is refused
+    same, _ = seeded_segmentation(img, seeds, prior=prior, prior_weight=0.0)
+    np.testing.assert_array_equal(same, plain)
+    with pytest.raises(ValueError, match="prior must be"):
+        seeded_segmentation(img, seeds, prior=prior[:1], prior_weight=0.5)
+
+
 def test_seeded_segmentation_edge_cases():
     img, truth = _two_colour()
     seeds = np.zeros(truth.shape, np.int32)

@@ -231,3 +231,18 @@ def test_checkpoint_round_trip_gives_identical_outputs(tmp_path, name, options):
         got = loaded(x)
     assert got.shape == (2, N_CLASSES, 48, 64)
     assert torch.equal(want, got)
+
+
+def test_centred_class_maps_ignore_offsets_and_untagged_classes():
+    from tasks.pipeline import cam_to_prob_centered
+
+    yy, xx = np.mgrid[0:10, 0:20]
+    maps = np.stack([(xx < 10) * 2.0, (xx >= 10) * 2.0, np.full((10, 20), 50.0)]).astype(np.float32)
+    allowed = np.array([True, True, False])
+    p = cam_to_prob_centered(maps, allowed)
+    assert np.allclose(p.sum(0), 1) and p[2].max() == 0
+    assert (p.argmax(0) == (xx >= 10)).all()
+    # a class-wide offset (what global pooling learns for a confident tag) changes nothing
+    shifted = maps.copy()
+    shifted[0] += 7.0
+    np.testing.assert_allclose(cam_to_prob_centered(shifted, allowed), p, atol=1e-6)

@@ -1,0 +1,92 @@
+"""Superpixel multiple-instance refinement of the preliminary result [ours, between steps 1 and 3].
+
+The preliminary result (CAMs in round 0) knows roughly where each tagged class is, but its
+mistakes are local to each image. A classifier of superpixel appearance trained on the whole
+corpus, with labels restricted to each image's tags, learns what each class looks like where
+the preliminary result is mostly right and carries it to where it is wrong (grass beside a cow
+looks like grass beside a sheep). Iterating: label every superpixel with the argmax over its
+image's tags of the current evidence, train, predict, mix the prediction with the preliminary
+result (so the localisation cue is never forgotten), repeat.
+
+Measured on msrc21 train (276 images, CAM 0.420 mIoU): 8 iterations with a 0.3 preliminary
+weight reach 0.454; without the mixing 0.448; from uniform (tags only) 0.344.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from tasks.proposal_classifier import ProposalMLP, predict_proposals, train_proposal_classifier
+
+
+def hard_targets(evidence: np.ndarray, allowed: np.ndarray) -> np.ndarray:
+    """(S, K) one-hot of the argmax of ``evidence`` over the ``allowed`` classes."""
+    if evidence.ndim != 2 or allowed.shape != (evidence.shape[1],):
+        raise ValueError(f"evidence must be (S, K) and allowed (K,), got {evidence.shape} and {allowed.shape}")
+    out = np.zeros(evidence.shape, np.float32)
+    if evidence.shape[0]:
+        out[np.arange(len(evidence)), np.where(allowed[None], evidence, -np.inf).argmax(1)] = 1.0
+    return out
+
+
+def mix(pred: np.ndarray, prelim: np.ndarray, allowed: np.ndarray, prior_weight: float,
+        eps: float = 1e-4) -> np.ndarray:
+    """(S, K) normalised ``pred ** (1 - w) * prelim ** w`` over the allowed classes."""
+    if not 0.0 <= prior_weight <= 1.0:
+        raise ValueError(f"prior_weight must be in [0, 1], got {prior_weight}")
+    c = (np.maximum(pred, 0) + eps) ** (1.0 - prior_weight) * (np.maximum(prelim, 0) + eps) ** prior_weight
+    c = np.where(allowed[None], c, 0.0)
+    return (c / np.maximum(c.sum(1, keepdims=True), 1e-12)).astype(np.float32)
+
+
+@dataclass
+class MILResult:
+    model: ProposalMLP | None
+    changed: list[float]        # per iteration: area share of superpixels whose label changed
+    losses: list[float]         # final training loss of each iteration
+
+
+def refine(features: list[np.ndarray], prelim: list[np.ndarray], allowed: list[np.ndarray],
+           areas: list[np.ndarray], *, iterations: int = 8, prior_weight: float = 0.3, hidden: int = 256,
+           epochs: int = 10, lr: float = 3e-3, seed: int = 0) -> MILResult:
+    """Train the superpixel classifier by multiple-instance reassignment.
+
+    Parameters
+    ----------
+    features : per image (S_i, D) superpixel features
+    prelim : per image (S_i, K) preliminary class probabilities pooled per superpixel
+    allowed : per image (K,) bool, the classes that may be present
+    areas : per image (S_i,) superpixel pixel counts (the training weights)
+
+    Returns the last iteration's classifier (None when ``iterations`` is 0); use
+    :func:`evidence` to apply it.
+    """
+    if not (len(features) == len(prelim) == len(allowed) == len(areas)) or not features:
+        raise ValueError("features, prelim, allowed and areas must be non-empty lists of equal length")
+    for i, (x, p, a) in enumerate(zip(features, prelim, areas)):
+        if not (len(x) == len(p) == len(a)):
+            raise ValueError(f"image {i}: {len(x)} feature rows, {len(p)} prelim rows, {len(a)} areas")
+    current = [mix(p, p, t, 1.0) for p, t in zip(prelim, allowed)]
+    labels = [hard_targets(c, t) for c, t in zip(current, allowed)]
+    model, changed, losses = None, [], []
+    total_area = float(sum(a.sum() for a in areas))
+    for it in range(iterations):
+        model, hist = train_proposal_classifier(features, labels, allowed, hidden=hidden, epochs=epochs, lr=lr,
+                                                seed=seed + it, weights=areas)
+        losses.append(hist[-1])
+        new = [hard_targets(evidence(model, x, p, t, prior_weight), t)
+               for x, p, t in zip(features, prelim, allowed)]
+        moved = sum(float(a[(n != o).any(1)].sum()) for n, o, a in zip(new, labels, areas))
+        changed.append(moved / max(total_area, 1.0))
+        labels = new
+    return MILResult(model, changed, losses)
+
+
+def evidence(model: ProposalMLP | None, features: np.ndarray, prelim: np.ndarray, allowed: np.ndarray,
+             prior_weight: float) -> np.ndarray:
+    """(S, K) refined evidence of one image: the classifier's prediction mixed with the preliminary
+    result (the preliminary result itself, renormalised, without a model)."""
+    if model is None or len(features) == 0:
+        return mix(prelim, prelim, allowed, 1.0)
+    return mix(predict_proposals(model, features, allowed), prelim, allowed, prior_weight)

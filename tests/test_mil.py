@@ -1,0 +1,75 @@
+"""tasks.mil: targets and mixtures by construction; refinement corrects a systematically wrong
+preliminary result using what the other images show."""
+import numpy as np
+import pytest
+
+from tasks.mil import evidence, hard_targets, mix, refine
+
+
+def test_hard_targets_respect_allowed():
+    ev = np.array([[0.1, 0.2, 0.7], [0.6, 0.3, 0.1]])
+    allowed = np.array([True, True, False])
+    assert np.array_equal(hard_targets(ev, allowed), [[0, 1, 0], [1, 0, 0]])
+    with pytest.raises(ValueError, match="allowed"):
+        hard_targets(ev, np.ones(2, bool))
+
+
+def test_mix_endpoints_and_normalisation():
+    pred = np.array([[0.9, 0.1, 0.0]])
+    prelim = np.array([[0.2, 0.8, 0.0]])
+    allowed = np.array([True, True, False])
+    assert np.allclose(mix(pred, prelim, allowed, 0.0), [[0.9, 0.1, 0]], atol=1e-3)
+    assert np.allclose(mix(pred, prelim, allowed, 1.0), [[0.2, 0.8, 0]], atol=1e-3)
+    half = mix(pred, prelim, allowed, 0.5)
+    assert np.allclose(half.sum(1), 1) and half[0, 2] == 0
+    assert np.isclose(half[0, 0] / half[0, 1], np.sqrt(0.9 * 0.2 / (0.1 * 0.8)), rtol=1e-3)
+    with pytest.raises(ValueError):
+        mix(pred, prelim, allowed, 1.5)
+
+
+def _corpus(rng, n_images=30, n_sp=40):
+    """Classes 0 (e.g. grass) and 1 (cow) readable from feature 0; images tagged {0, 1} have a
+    preliminary result that gives a third of class-1 superpixels to class 0 (the co-occurrence
+    error), images tagged {0} alone are all class 0."""
+    feats, prelims, allowed, areas, truth = [], [], [], [], []
+    for i in range(n_images):
+        both = i % 3 != 0
+        y = (rng.random(n_sp) < 0.5).astype(int) if both else np.zeros(n_sp, int)
+        x = rng.normal(size=(n_sp, 4)).astype(np.float32)
+        x[:, 0] += 4 * y
+        p = np.eye(3, dtype=np.float32)[y] * 0.8 + 0.1
+        wrong = (y == 1) & (rng.random(n_sp) < 0.35)
+        p[wrong] = [0.7, 0.2, 0.1]
+        tags = np.array([True, both, False])
+        feats.append(x)
+        prelims.append(p)
+        allowed.append(tags)
+        areas.append(rng.integers(50, 150, n_sp))
+        truth.append(y)
+    return feats, prelims, allowed, areas, truth
+
+
+def _accuracy(evs, allowed, truth):
+    return np.mean(np.concatenate([hard_targets(e, a).argmax(1) == y for e, a, y in zip(evs, allowed, truth)]))
+
+
+def test_refine_corrects_the_preliminary_result():
+    feats, prelims, allowed, areas, truth = _corpus(np.random.default_rng(0))
+    before = _accuracy(prelims, allowed, truth)
+    res = refine(feats, prelims, allowed, areas, iterations=3, prior_weight=0.3, hidden=16, epochs=20, lr=1e-2)
+    after = _accuracy([evidence(res.model, x, p, a, 0.3) for x, p, a in zip(feats, prelims, allowed)],
+                      allowed, truth)
+    assert before < 0.9 and after > 0.97, (before, after)
+    assert len(res.changed) == 3 and res.changed[0] > res.changed[-1]
+    # untagged classes never appear
+    ev = evidence(res.model, feats[0], prelims[0], allowed[0], 0.3)
+    assert ev[:, 1:].max() == 0
+
+
+def test_refine_off_and_bad_input():
+    feats, prelims, allowed, areas, _ = _corpus(np.random.default_rng(1), n_images=2, n_sp=5)
+    res = refine(feats, prelims, allowed, areas, iterations=0)
+    assert res.model is None
+    assert np.allclose(evidence(None, feats[1], prelims[1], allowed[1], 0.3).sum(1), 1)
+    with pytest.raises(ValueError, match="image 1"):
+        refine(feats, [prelims[0], prelims[1][:3]], allowed, areas)
