@@ -163,8 +163,13 @@ def train_image_classifier(run_dir: str, records: list[ImageRecord], cfg: WSSSCo
     classes = store.classes()
     obj = object_classes(classes)
     out = store.root / "classifier.pt"
+    wanted = cfg.classifier.model_dump(mode="json")
     if out.exists():
-        return out, models.load_checkpoint(out)[1]["meta"].get("seconds", 0.0)
+        meta = models.load_checkpoint(out)[1]["meta"]
+        if meta.get("config", wanted) == wanted:
+            return out, meta.get("seconds", 0.0)
+        Progress("classifier", 1).message(f"{out} was trained with other settings: training again")
+        (store.root / "train_state" / "classifier.pt").unlink(missing_ok=True)
     t0 = time.perf_counter()
     targets = np.zeros((len(records), len(obj)), np.float32)
     for i, r in enumerate(records):
@@ -182,7 +187,7 @@ def train_image_classifier(run_dir: str, records: list[ImageRecord], cfg: WSSSCo
                     log=log, progress=lambda s: prog.advance(1, s.split(" ", 2)[-1]))
     models.save_checkpoint(out, model, builder_ref="models.small:image_classifier", num_classes=len(obj),
                            in_channels=3, options={"width": c.width, "stride": c.stride},
-                           meta={"object_classes": obj, "epochs_run": result.epochs_run,
+                           meta={"object_classes": obj, "epochs_run": result.epochs_run, "config": wanted,
                                  "seconds": time.perf_counter() - t0})
     return out, time.perf_counter() - t0
 
@@ -211,12 +216,14 @@ def train_round_mil(run_dir: str, r: int, records: list[ImageRecord], key: str, 
                                 channel_axis=0))
         tags.append(classes.tag_vector(rec.tags))
         areas.append(f.sp_areas)
-    res = mil.refine(feats, prelims, tags, areas, iterations=m.iterations, prior_weight=m.prior_weight,
-                     hidden=m.hidden, epochs=m.epochs, lr=m.lr, seed=cfg.seed + r)
-    for i, (c, loss) in enumerate(zip(res.changed, res.losses)):
-        prog.advance(1, f"labels changed {c:.3f}, loss {loss:.3f}")
+
+    def report(i: int, changed: float, loss: float) -> None:
+        prog.advance(1, f"labels changed {changed:.3f}, loss {loss:.3f}")
         if tracker is not None:
-            tracker.log_metrics({"mil_changed_share": c, "mil_loss": loss}, step=i)
+            tracker.log_metrics({"mil_changed_share": changed, "mil_loss": loss}, step=i)
+
+    res = mil.refine(feats, prelims, tags, areas, iterations=m.iterations, prior_weight=m.prior_weight,
+                     hidden=m.hidden, epochs=m.epochs, lr=m.lr, seed=cfg.seed + r, progress=report)
     out.parent.mkdir(parents=True, exist_ok=True)
     torch.save({"model": res.model, "changed": res.changed, "losses": res.losses}, out)
     return out

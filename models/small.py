@@ -75,7 +75,7 @@ class SmallSegNet(nn.Module):
     """Encoder + decoder: stride-16 (or dilated stride-8) context fused with the stride-4
     features, logits upsampled to the input size."""
 
-    def __init__(self, num_classes: int, in_channels: int = 4, width: int = 24, dilate_last: bool = False):
+    def __init__(self, num_classes: int, in_channels: int = 4, width: int = 16, dilate_last: bool = False):
         super().__init__()
         self.encoder = SmallEncoder(in_channels, width, dilate_last=dilate_last)
         c1, c2, c3, c4 = self.encoder.out_channels
@@ -96,7 +96,7 @@ class SmallSegNet(nn.Module):
         return F.interpolate(self.classifier(y), size=size, mode="bilinear", align_corners=False)
 
 
-def small_segnet(num_classes: int, in_channels: int = 4, *, width: int = 24, dilate_last: bool = False) -> SmallSegNet:
+def small_segnet(num_classes: int, in_channels: int = 4, *, width: int = 16, dilate_last: bool = False) -> SmallSegNet:
     return SmallSegNet(num_classes, in_channels, width, dilate_last)
 
 

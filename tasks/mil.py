@@ -14,6 +14,7 @@ weight reach 0.454; without the mixing 0.448; from uniform (tags only) 0.344.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Callable
 
 import numpy as np
 
@@ -49,7 +50,8 @@ class MILResult:
 
 def refine(features: list[np.ndarray], prelim: list[np.ndarray], allowed: list[np.ndarray],
            areas: list[np.ndarray], *, iterations: int = 8, prior_weight: float = 0.3, hidden: int = 256,
-           epochs: int = 10, lr: float = 3e-3, seed: int = 0) -> MILResult:
+           epochs: int = 10, lr: float = 3e-3, seed: int = 0,
+           progress: Callable[[int, float, float], None] | None = None) -> MILResult:
     """Train the superpixel classifier by multiple-instance reassignment.
 
     Parameters
@@ -58,6 +60,8 @@ def refine(features: list[np.ndarray], prelim: list[np.ndarray], allowed: list[n
     prelim : per image (S_i, K) preliminary class probabilities pooled per superpixel
     allowed : per image (K,) bool, the classes that may be present
     areas : per image (S_i,) superpixel pixel counts (the training weights)
+
+    progress : called after each iteration with (iteration, changed share, loss)
 
     Returns the last iteration's classifier (None when ``iterations`` is 0); use
     :func:`evidence` to apply it.
@@ -73,13 +77,15 @@ def refine(features: list[np.ndarray], prelim: list[np.ndarray], allowed: list[n
     total_area = float(sum(a.sum() for a in areas))
     for it in range(iterations):
         model, hist = train_proposal_classifier(features, labels, allowed, hidden=hidden, epochs=epochs, lr=lr,
-                                                seed=seed + it, weights=areas)
+                                                batch_size=2048, seed=seed + it, weights=areas)
         losses.append(hist[-1])
         new = [hard_targets(evidence(model, x, p, t, prior_weight), t)
                for x, p, t in zip(features, prelim, allowed)]
         moved = sum(float(a[(n != o).any(1)].sum()) for n, o, a in zip(new, labels, areas))
         changed.append(moved / max(total_area, 1.0))
         labels = new
+        if progress is not None:
+            progress(it, changed[-1], losses[-1])
     return MILResult(model, changed, losses)
 
 
