@@ -178,6 +178,9 @@ def ablation_variants(config) -> dict[str, dict]:
     if p.seed_prior_weight > 0:
         out["no_seed_prior"] = {"what": "seeded segmentation without the evidence prior (colour and seeds alone)",
                                 "overrides": {"proposals.seed_prior_weight": 0.0}}
+    if config.prior_weight > 0 and config.max_rounds > 1:
+        out["no_round_prior"] = {"what": "rounds >= 1 use model r-1 alone as the preliminary result (no CAM prior)",
+                                 "overrides": {"prior_weight": 0.0}}
     for s in ("grabcut", "random_walker", "none"):
         if s != p.seeding:
             out[f"seeding_{s}"] = {"what": f"seeded segmentation {s} instead of {p.seeding}",

@@ -73,7 +73,9 @@ def test_ablation_variants_flag_what_the_config_cannot_express():
     v = bq.ablation_variants(WSSSConfig())
     assert v["no_iou_filter"]["overrides"] == {"proposals.t1": 0.0, "proposals.p1": 0.0}
     assert "seeding_random_walker" not in v and {"seeding_grabcut", "seeding_none"} <= set(v)
-    assert {"no_edges", "superpixel_skimage_slic", "superpixel_felzenszwalb", "fusion_threshold"} <= set(v)
+    assert {"no_edges", "superpixel_skimage_slic", "superpixel_felzenszwalb", "fusion_threshold", "no_mil",
+            "no_seed_prior", "no_round_prior"} <= set(v)
+    assert v["no_mil"]["overrides"] == {"mil.iterations": 0}
     for name, var in v.items():
         if "skip" not in var:  # every runnable variant is a valid config differing from the default
             assert bq.apply_overrides(WSSSConfig(), var["overrides"]) != WSSSConfig(), name
