@@ -50,7 +50,7 @@ class MILResult:
 
 def refine(features: list[np.ndarray], prelim: list[np.ndarray], allowed: list[np.ndarray],
            areas: list[np.ndarray], *, iterations: int = 8, prior_weight: float = 0.3, hidden: int = 256,
-           epochs: int = 10, lr: float = 3e-3, seed: int = 0,
+           epochs: int = 10, lr: float = 3e-3, batch_size: int = 2048, seed: int = 0,
            progress: Callable[[int, float, float], None] | None = None) -> MILResult:
     """Train the superpixel classifier by multiple-instance reassignment.
 
@@ -77,7 +77,7 @@ def refine(features: list[np.ndarray], prelim: list[np.ndarray], allowed: list[n
     total_area = float(sum(a.sum() for a in areas))
     for it in range(iterations):
         model, hist = train_proposal_classifier(features, labels, allowed, hidden=hidden, epochs=epochs, lr=lr,
-                                                batch_size=2048, seed=seed + it, weights=areas)
+                                                batch_size=batch_size, seed=seed + it, weights=areas)
         losses.append(hist[-1])
         new = [hard_targets(evidence(model, x, p, t, prior_weight), t)
                for x, p, t in zip(features, prelim, allowed)]

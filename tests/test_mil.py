@@ -56,7 +56,8 @@ def _accuracy(evs, allowed, truth):
 def test_refine_corrects_the_preliminary_result():
     feats, prelims, allowed, areas, truth = _corpus(np.random.default_rng(0))
     before = _accuracy(prelims, allowed, truth)
-    res = refine(feats, prelims, allowed, areas, iterations=3, prior_weight=0.3, hidden=16, epochs=20, lr=1e-2)
+    res = refine(feats, prelims, allowed, areas, iterations=3, prior_weight=0.3, hidden=16, epochs=20, lr=1e-2,
+                 batch_size=64)
     after = _accuracy([evidence(res.model, x, p, a, 0.3) for x, p, a in zip(feats, prelims, allowed)],
                       allowed, truth)
     assert before < 0.9 and after > 0.97, (before, after)
