@@ -197,17 +197,8 @@ def measure_training(model, ds, cfg, *, steps: int, warmup: int = 2,
         for _ in range(per_epoch):
             x, y = next(it)
             t_got = time.perf_counter()
-            x = x.to(device, non_blocking=True).to(memory_format=fmt)
-            y = y.to(device, non_blocking=True)
-            with torch.autocast(device_type=device.type, dtype=torch.bfloat16, enabled=amp):
-                out = model(x)
-                loss = loss_fn(out.float(), y)
-            opt.zero_grad(set_to_none=True)
-            loss.backward()
-            opt.step()
-            if sched.last_epoch < sched.total_steps - 1:
-                sched.step()
-            float(loss.detach())  # synchronises CUDA, as fit's loss bookkeeping does
+            # float() synchronises CUDA, as fit's loss bookkeeping does
+            float(tr.train_step(model, opt, sched, loss_fn, x, y, device=device, fmt=fmt, amp=amp))
             t_done = time.perf_counter()
             waits.append(t_got - t_ready)
             busys.append(t_done - t_got)

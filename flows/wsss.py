@@ -26,11 +26,11 @@ import models
 from flows.config import WSSSConfig
 from flows.runtime import Progress
 from tasks import ingest as ing
+from tasks import mil
 from tasks import pipeline as pl
 from tasks import training as tr
 from tasks.metrics import iou_from_confusion
 from flows.report import overlay_grid
-from tasks import mil
 from tasks.proposal_classifier import (combine_evidence, predict_proposals, proposal_targets, superpixel_scores,
                                        train_proposal_classifier)
 from tasks.store import ClassSpec, ImageRecord, Store

@@ -18,7 +18,7 @@ from typing import Callable
 
 import numpy as np
 
-from tasks.proposal_classifier import ProposalMLP, predict_proposals, train_proposal_classifier
+from tasks.proposal_classifier import ProposalMLP, combine_evidence, predict_proposals, train_proposal_classifier
 
 
 def hard_targets(evidence: np.ndarray, allowed: np.ndarray) -> np.ndarray:
@@ -29,16 +29,6 @@ def hard_targets(evidence: np.ndarray, allowed: np.ndarray) -> np.ndarray:
     if evidence.shape[0]:
         out[np.arange(len(evidence)), np.where(allowed[None], evidence, -np.inf).argmax(1)] = 1.0
     return out
-
-
-def mix(pred: np.ndarray, prelim: np.ndarray, allowed: np.ndarray, prior_weight: float,
-        eps: float = 1e-4) -> np.ndarray:
-    """(S, K) normalised ``pred ** (1 - w) * prelim ** w`` over the allowed classes."""
-    if not 0.0 <= prior_weight <= 1.0:
-        raise ValueError(f"prior_weight must be in [0, 1], got {prior_weight}")
-    c = (np.maximum(pred, 0) + eps) ** (1.0 - prior_weight) * (np.maximum(prelim, 0) + eps) ** prior_weight
-    c = np.where(allowed[None], c, 0.0)
-    return (c / np.maximum(c.sum(1, keepdims=True), 1e-12)).astype(np.float32)
 
 
 @dataclass
@@ -71,8 +61,7 @@ def refine(features: list[np.ndarray], prelim: list[np.ndarray], allowed: list[n
     for i, (x, p, a) in enumerate(zip(features, prelim, areas)):
         if not (len(x) == len(p) == len(a)):
             raise ValueError(f"image {i}: {len(x)} feature rows, {len(p)} prelim rows, {len(a)} areas")
-    current = [mix(p, p, t, 1.0) for p, t in zip(prelim, allowed)]
-    labels = [hard_targets(c, t) for c, t in zip(current, allowed)]
+    labels = [hard_targets(p, t) for p, t in zip(prelim, allowed)]
     model, changed, losses = None, [], []
     total_area = float(sum(a.sum() for a in areas))
     for it in range(iterations):
@@ -91,8 +80,9 @@ def refine(features: list[np.ndarray], prelim: list[np.ndarray], allowed: list[n
 
 def evidence(model: ProposalMLP | None, features: np.ndarray, prelim: np.ndarray, allowed: np.ndarray,
              prior_weight: float) -> np.ndarray:
-    """(S, K) refined evidence of one image: the classifier's prediction mixed with the preliminary
-    result (the preliminary result itself, renormalised, without a model)."""
+    """(S, K) refined evidence of one image: the normalised geometric mixture
+    ``prediction ** (1 - w) * prelim ** w`` over the allowed classes (the preliminary result itself,
+    renormalised, without a model)."""
     if model is None or len(features) == 0:
-        return mix(prelim, prelim, allowed, 1.0)
-    return mix(predict_proposals(model, features, allowed), prelim, allowed, prior_weight)
+        return combine_evidence(prelim, prelim, allowed, weight=1.0)
+    return combine_evidence(prelim, predict_proposals(model, features, allowed), allowed, weight=prior_weight)

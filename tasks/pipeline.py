@@ -243,11 +243,13 @@ def pseudo_shard(run_dir: str, ids: list[str], round_index: int, clf_path: str, 
         prelim = store.prelim(round_index, rec.image_id, classes.n)
         allowed = classes.tag_vector(rec.tags)
         prob = predict_proposals(clf, proposal_inputs(f), allowed)
+        sp_prelim = None
         if mil_model is not None:
             sp_prelim = sp_evidence(f, prelim, allowed, mil_model, mil_weight)
             prelim = spx.paint(sp_prelim, f.superpixels)
         if pcfg["evidence"] == "combined":
-            sp_prelim = spx.pool(prelim, f.superpixels, n=len(f.sp_areas), channel_axis=0)
+            if sp_prelim is None:
+                sp_prelim = spx.pool(prelim, f.superpixels, n=len(f.sp_areas), channel_axis=0)
             mixed = combine_evidence(sp_prelim, superpixel_scores(prob, f.membership), allowed,
                                      weight=pcfg["evidence_weight"])
             prelim = spx.paint(mixed, f.superpixels)

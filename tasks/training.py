@@ -204,6 +204,22 @@ def _loader(ds: StoreDataset, cfg: TrainConfig, device: torch.device, start_epoc
                       prefetch_factor=4 if workers else None)
 
 
+def train_step(model: nn.Module, opt: torch.optim.Optimizer, sched, loss_fn: Callable, x: torch.Tensor,
+               y: torch.Tensor, *, device: torch.device, fmt: torch.memory_format, amp: bool) -> torch.Tensor:
+    """One optimiser step on a batch (bf16 autocast when ``amp``); returns the detached loss.
+    The schedule stops stepping at its last step, so resumed or extended loops stay valid."""
+    x = x.to(device, non_blocking=True).to(memory_format=fmt)
+    y = y.to(device, non_blocking=True)
+    with torch.autocast(device_type=device.type, dtype=torch.bfloat16, enabled=amp):
+        loss = loss_fn(model(x).float(), y)
+    opt.zero_grad(set_to_none=True)
+    loss.backward()
+    opt.step()
+    if sched.last_epoch < sched.total_steps - 1:
+        sched.step()
+    return loss.detach()
+
+
 def fit(model: nn.Module, ds: StoreDataset, loss_fn: Callable, cfg: TrainConfig, *,
         checkpoint: Path | None = None, log: Callable[[dict, int], None] | None = None,
         progress: Callable[[str], None] | None = None) -> TrainResult:
@@ -254,17 +270,8 @@ def fit(model: nn.Module, ds: StoreDataset, loss_fn: Callable, cfg: TrainConfig,
             x, y = next(batches)
             t_got = time.perf_counter()
             wait += t_got - t_ready
-            x = x.to(device, non_blocking=True).to(memory_format=fmt)
-            y = y.to(device, non_blocking=True)
-            with torch.autocast(device_type=device.type, dtype=torch.bfloat16, enabled=amp):
-                out = model(x)
-                loss = loss_fn(out.float(), y)
-            opt.zero_grad(set_to_none=True)
-            loss.backward()
-            opt.step()
-            if sched.last_epoch < sched.total_steps - 1:
-                sched.step()
-            total += float(loss.detach()) * len(x)
+            loss = train_step(model, opt, sched, loss_fn, x, y, device=device, fmt=fmt, amp=amp)
+            total += float(loss) * len(x)
             count += len(x)
             n_images += len(x)
             t_ready = time.perf_counter()

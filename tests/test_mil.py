@@ -3,7 +3,8 @@ preliminary result using what the other images show."""
 import numpy as np
 import pytest
 
-from tasks.mil import evidence, hard_targets, mix, refine
+from tasks.mil import evidence, hard_targets, refine
+from tasks.proposal_classifier import combine_evidence
 
 
 def test_hard_targets_respect_allowed():
@@ -18,13 +19,14 @@ def test_mix_endpoints_and_normalisation():
     pred = np.array([[0.9, 0.1, 0.0]])
     prelim = np.array([[0.2, 0.8, 0.0]])
     allowed = np.array([True, True, False])
-    assert np.allclose(mix(pred, prelim, allowed, 0.0), [[0.9, 0.1, 0]], atol=1e-3)
-    assert np.allclose(mix(pred, prelim, allowed, 1.0), [[0.2, 0.8, 0]], atol=1e-3)
-    half = mix(pred, prelim, allowed, 0.5)
+    mix = lambda w: combine_evidence(prelim, pred, allowed, weight=w)  # noqa: E731
+    assert np.allclose(mix(0.0), [[0.9, 0.1, 0]], atol=1e-3)
+    assert np.allclose(mix(1.0), [[0.2, 0.8, 0]], atol=1e-3)
+    half = mix(0.5)
     assert np.allclose(half.sum(1), 1) and half[0, 2] == 0
     assert np.isclose(half[0, 0] / half[0, 1], np.sqrt(0.9 * 0.2 / (0.1 * 0.8)), rtol=1e-3)
     with pytest.raises(ValueError):
-        mix(pred, prelim, allowed, 1.5)
+        mix(1.5)
 
 
 def _corpus(rng, n_images=30, n_sp=40):
