@@ -176,6 +176,7 @@ def train_image_classifier(run_dir: str, records: list[ImageRecord], cfg: WSSSCo
         for t in r.tags:
             targets[i, obj.index(classes.index(t))] = 1.0
     c = cfg.classifier
+    tr.seed_everything(cfg.seed)  # the initial weights too: torch's own start-up seed differs per process
     model = image_classifier(len(obj), 3, width=c.width, stride=c.stride)
     ds = tr.StoreDataset(len(records), TagLoader(run_dir, [r.image_id for r in records], targets),
                          tr.Augment(crop=c.size, scale=(0.6, 1.1)), seed=cfg.seed, with_edge=False)
@@ -291,6 +292,7 @@ def train_round_segmenter(run_dir: str, r: int, records: list[ImageRecord], key:
     build_options = dict(s.options)
     if s.backbone_weights:
         build_options["pretrained"] = dict(s.backbone_weights)
+    tr.seed_everything(cfg.seed + r)  # initial weights reproducible, as fit's own seeding is
     model = models.build_model(s.model, classes.n, in_channels=in_ch, **build_options)
     if init is not None and init.exists() and s.finetune:
         prev, _ = models.load_checkpoint(init)
