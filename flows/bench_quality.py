@@ -13,7 +13,11 @@ One command, one Prefect flow run, one Dask cluster:
 5. ``FILE.json``, a markdown table ``FILE.md`` and an overlay figure ``FILE.png``;
 6. with ``--ablate``: one variant per switched-off part of the method, each in
    ``RUN/ablate-<name>/`` sharing the corpus, feature cache, image classifier and round 0's
-   CAMs of the main run, reporting its final pseudo-label mIoU.
+   CAMs of the main run, reporting its final pseudo-label mIoU;
+7. with ``--compare-models``: each named network (and the configured one) trained from scratch
+   on the final round's pseudo-labels and, separately, on the masks, for the same wall-time
+   budget (``--compare-seconds``, turned into epochs from each network's measured speed so
+   that its learning-rate schedule completes), all evaluated on ``--eval-split``.
 
 This module must stay importable before :func:`flows.runtime.prepare` runs (the CLI imports it
 to build its parser): prefect and ``flows.wsss`` are imported inside functions only.
@@ -37,7 +41,7 @@ from tasks.metrics import confusion_matrix, iou_from_confusion
 from tasks.store import ImageRecord, Store, records_by_id
 
 __all__ = ["crf_labels", "cam_crf_shard", "ablation_variants", "pick_overlay_records", "run_bench",
-           "add_bench_quality_parser", "main", "CRF_DEFAULTS"]
+           "add_bench_quality_parser", "main", "CRF_DEFAULTS", "parse_model_spec", "budget_epochs"]
 
 #: dense CRF parameters of the ``cam_crf`` baseline (DeepLab's usual values, tasks.crf defaults)
 CRF_DEFAULTS = {"n_iter": 10, "gauss_sxy": 3, "gauss_compat": 3, "bilateral_sxy": 80, "bilateral_srgb": 13,
@@ -215,6 +219,39 @@ def apply_overrides(config, overrides: dict[str, Any]):
     return WSSSConfig.model_validate(data)
 
 
+def parse_model_spec(spec: str) -> tuple[str, dict[str, Any]]:
+    """``NAME`` or ``NAME={json options}`` (``--compare-models``) -> (registry name, options).
+
+    >>> parse_model_spec('fusion={"width": 0.25}')
+    ('fusion', {'width': 0.25})
+    """
+    import models
+
+    name, _, raw = spec.partition("=")
+    name = name.strip()
+    if name not in models.available():
+        raise ValueError(f"--compare-models: unknown network {name!r}; choose from {', '.join(models.available())}")
+    try:
+        options = json.loads(raw) if raw else {}
+    except json.JSONDecodeError as e:
+        raise ValueError(f"--compare-models {spec!r}: options must be a JSON object ({e})") from None
+    if not isinstance(options, dict):
+        raise ValueError(f"--compare-models {spec!r}: options must be a JSON object, got {type(options).__name__}")
+    return name, options
+
+
+def budget_epochs(seconds: float, images_per_second: float, images: int, minimum: int = 1) -> int:
+    """Whole epochs of ``images`` that fit in ``seconds`` at ``images_per_second`` (at least ``minimum``).
+
+    >>> budget_epochs(300, 10.0, 276)
+    10
+    """
+    if seconds <= 0 or images_per_second <= 0 or images <= 0:
+        raise ValueError(f"budget_epochs needs positive seconds, speed and images, got {seconds}, "
+                         f"{images_per_second}, {images}")
+    return max(minimum, int(seconds * images_per_second // images))
+
+
 def pick_overlay_records(records: list[ImageRecord], n: int = 6, min_tags: int = 2) -> list[ImageRecord]:
     """``n`` images for the figure, chosen deterministically: evenly spaced over the ids (sorted)
     of the images with a mask and at least ``min_tags`` tags, topped up with other masked ones."""
@@ -293,6 +330,14 @@ def markdown_report(res: dict) -> str:
             note = a.get("skipped") or a.get("error")
             delta = "" if m is None or res["pseudo_label_miou"] is None else f"{m - res['pseudo_label_miou']:+.4f}"
             lines.append(f"| {name} | {a['what']}{' — ' + note if note else ''} | {_f(m)} | {delta} |")
+    if res.get("model_comparison"):
+        lines += ["", f"## Networks at the same budget (from scratch, evaluated on {res['eval_split']})", "",
+                  "| network | options | img/s | epochs | on pseudo-labels | on masks | ratio |",
+                  "|---|---|---|---|---|---|---|"]
+        for tag, c in res["model_comparison"].items():
+            lines.append(f"| {c['model']} | `{json.dumps(c['options'])}` | {c['measured_images_per_second']:.2f} | "
+                         f"{c['epochs']} ({c['budget_seconds']:.0f}s) | {_f(c['wsss']['miou'])} | "
+                         f"{_f(c['supervised']['miou'])} | {_f(c['wsss_over_supervised'], 3)} |")
     if res.get("warnings"):
         lines += ["", "Warnings:", ""] + [f"- {w}" for w in res["warnings"]]
     lines += ["", f"Wall time {res['wall_seconds']:.0f}s ("
@@ -336,8 +381,9 @@ def _link_shared(main: Path, variant: Path, main_cfg, vcfg) -> None:
 
 def _bench_flow(data: str, run_dir: str, config, address: str, eval_split: str | None = None,
                 ablate: list[str] | None = None, background: str | None = "auto",
-                crf: dict | None = None) -> dict:
-    """Steps 1-6 of the module docstring; returns the result dict (without writing files)."""
+                crf: dict | None = None, compare: list[str] | None = None,
+                compare_seconds: float = 300.0) -> dict:
+    """Steps 1-7 of the module docstring; returns the result dict (without writing files)."""
     from flows.wsss import (compute_all_features, evaluate_sources, ingest, run_shards, runner, shards_of,
                             train_round_segmenter, train_wsss)
 
@@ -460,15 +506,99 @@ def _bench_flow(data: str, run_dir: str, config, address: str, eval_split: str |
                 print(f"  [ablate {name}] failed: {entry['error']}", file=sys.stderr, flush=True)
             entry["wall_seconds"] = time.perf_counter() - tv
         stages["ablations"] = time.perf_counter() - t
+
+    # 7. networks side by side: same pseudo-labels, same masks, same wall-time budget
+    if compare:
+        t = time.perf_counter()
+        res["model_comparison"] = compare_models(run, records, eval_records, key, eval_key, config, final_r,
+                                                 compare, compare_seconds, eval_split)
+        stages["model_comparison"] = time.perf_counter() - t
     res["stage_seconds"] = stages
     res["wall_seconds"] = time.perf_counter() - t0
     return res
 
 
+def measure_train_speed(name: str, options: dict, num_classes: int, in_channels: int, crop: int, batch: int,
+                        steps: int = 3) -> float:
+    """Training images per second of a freshly built network on random ``crop`` batches (one
+    warm-up step, then ``steps`` timed), on the device :func:`tasks.training.fit` would use."""
+    import torch
+
+    import models
+    from tasks import training as tr
+
+    device = tr.pick_device("auto")
+    model = models.build_model(name, num_classes, in_channels=in_channels, **options).to(device)
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-4)
+    x = torch.rand(batch, in_channels, crop, crop, device=device)
+    y = torch.randint(0, num_classes, (batch, crop, crop), device=device)
+    loss_fn = tr.segmentation_loss()
+    model.train()
+    times = []
+    for _ in range(steps + 1):
+        t = time.perf_counter()
+        loss = loss_fn(model(x).float(), y)
+        opt.zero_grad(set_to_none=True)
+        loss.backward()
+        opt.step()
+        times.append(time.perf_counter() - t)
+    return batch / float(np.median(times[1:]))
+
+
+def compare_models(run: Path, records: list[ImageRecord], eval_records: list[ImageRecord], key: str,
+                   eval_key: str, config, final_r: int, specs: list[str], seconds: float,
+                   eval_split: str) -> dict[str, dict]:
+    """Each network of ``specs`` (plus the configured one) trained from scratch on the final
+    round's pseudo-labels and on the masks of ``records``, for the same wall-time budget, and
+    evaluated on ``eval_records``. The budget becomes whole epochs from each network's measured
+    training speed, so every run completes its learning-rate schedule; ``fit``'s own time
+    budget (``max_seconds``) stops a run that turns out slower than measured."""
+    from flows.wsss import evaluate_sources, train_round_segmenter
+
+    seg = config.segmentation
+    wanted = [(seg.model, dict(seg.options))] + [parse_model_spec(s) for s in specs]
+    seen, nets = set(), []
+    for name, options in wanted:
+        tag = name if not options else f"{name}{json.dumps(options, sort_keys=True)}"
+        if tag not in seen:
+            seen.add(tag)
+            nets.append((tag, name, options))
+    classes = Store(run).classes()
+    in_ch = 4 if seg.use_edges else 3
+    out: dict[str, dict] = {}
+    for i, (tag, name, options) in enumerate(nets):
+        folder = run / "compare" / f"{i:02d}-{name}"
+        ips = measure_train_speed(name, options, classes.n, in_ch, seg.crop, seg.batch_size)
+        epochs = budget_epochs(seconds, ips, len(records))
+        cfg = config.model_copy(update={"segmentation": seg.model_copy(update={
+            "model": name, "options": options, "epochs": epochs, "max_seconds": 1.25 * seconds,
+            "patience": epochs, "finetune": False, "min_steps": 0})})
+        entry: dict[str, Any] = {"model": name, "options": options, "budget_seconds": seconds,
+                                 "measured_images_per_second": ips, "epochs": epochs}
+        print(f"  [compare {tag}] {ips:.2f} img/s measured -> {epochs} epochs of {len(records)} images per "
+              f"{seconds:.0f}s budget", file=sys.stderr, flush=True)
+        for what, label_round in (("wsss", final_r), ("supervised", None)):
+            t = time.perf_counter()
+            path, result = train_round_segmenter(str(run), final_r, records, key, cfg, None, label_round=label_round,
+                                                 out=folder / f"{what}.pt")
+            train_s = time.perf_counter() - t
+            ev = evaluate_sources(str(run), eval_records, [["model", eval_split]], config.shard_size,
+                                  stage=f"evaluate {tag} {what}", model_path=str(path), key=eval_key)
+            m = ev.get(f"model:{eval_split}", {})
+            entry[what] = {"miou": m.get("miou"), "per_class_iou": m.get("per_class_iou"), "checkpoint": str(path),
+                           "train_seconds": train_s if result is not None else None,
+                           "epochs_run": result.epochs_run if result is not None else None,
+                           "stopped": result.stopped if result is not None else None}
+        w, s_ = entry["wsss"]["miou"], entry["supervised"]["miou"]
+        entry["wsss_over_supervised"] = (w / s_) if w is not None and s_ else None
+        out[tag] = entry
+    return out
+
+
 def run_bench(data: str | os.PathLike, run_dir: str | os.PathLike, config, out: str | os.PathLike, *,
               eval_split: str | None = "val", ablate: list[str] | None = None, workers: int = 2,
               dask_address: str | None = None, background: str | None = "auto",
-              crf: dict | None = None) -> dict:
+              crf: dict | None = None, compare: list[str] | None = None, compare_seconds: float = 300.0) -> dict:
     """Run the whole bench (one Dask cluster, one flow run) and write ``out`` (JSON), ``out``
     with suffix ``.md`` (markdown table) and ``.png`` (overlay figure). Returns the result.
 
@@ -496,7 +626,7 @@ def run_bench(data: str | os.PathLike, run_dir: str | os.PathLike, config, out: 
     _, bench_flow = _prefect_parts()
     with dask_cluster(dask_address, workers, run) as address:
         res = bench_flow.with_options(task_runner=runner(address))(
-            str(data), str(run), config, address, eval_split, ablate, background, crf)
+            str(data), str(run), config, address, eval_split, ablate, background, crf, compare, compare_seconds)
     res["wall_seconds"] = time.perf_counter() - t0
     out.parent.mkdir(parents=True, exist_ok=True)
     store = Store(run)
@@ -534,6 +664,12 @@ def add_bench_quality_parser(bench_subparsers) -> argparse.ArgumentParser:
                    help="also run the ablation variants (all, or only those named): no_iou_filter, "
                         "fusion_threshold, no_3way, seeding_grabcut, seeding_none, no_edges, "
                         "superpixel_skimage_slic, superpixel_felzenszwalb")
+    p.add_argument("--compare-models", nargs="+", default=None, metavar="NAME[=JSON]",
+                   help="also train these networks (and the configured one) from scratch on the final "
+                        "pseudo-labels and on the masks, same wall-time budget each, evaluated on --eval-split; "
+                        "e.g. --compare-models fusion='{\"width\": 0.25}'")
+    p.add_argument("--compare-seconds", type=float, default=300.0,
+                   help="training budget of each --compare-models run, in seconds (default 300)")
     p.add_argument("--background", default="auto",
                    help="implicit background class name, 'none', or 'auto' (first class named background)")
     _common(p, "runs/bench-quality")
@@ -546,6 +682,8 @@ def main(args) -> int:
     from flows.cli import build_config
 
     check_overrides(args.overrides)
+    for spec in args.compare_models or []:
+        parse_model_spec(spec)  # a typo fails now, not after the rounds
     config = build_config(args)
     if args.split:
         config = config.model_copy(update={"split": args.split})
@@ -553,7 +691,8 @@ def main(args) -> int:
     out = Path(args.out) if args.out else run / "quality.json"
     res = run_bench(args.data, run, config, out, eval_split=args.eval_split, ablate=args.ablate,
                     workers=args.workers, dask_address=args.dask_address,
-                    background=None if args.background == "none" else args.background)
+                    background=None if args.background == "none" else args.background,
+                    compare=args.compare_models, compare_seconds=args.compare_seconds)
     print()
     print(markdown_report(res))
     print(f"table:  {res['table']}\nfigure: {res['figure']}")

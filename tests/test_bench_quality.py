@@ -1,6 +1,7 @@
 """flows.bench_quality: the CRF-on-tags helper with a known answer, and a tiny end-to-end bench."""
 import argparse
 import json
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -103,7 +104,8 @@ def test_bench_quality_end_to_end(tmp_path, prefect_harness, capsys):
                    "--set", "classifier.epochs=3", "--set", "classifier.size=96", "--set", "classifier.width=8",
                    "--set", "segmentation.epochs=1", "--set", "segmentation.options={\"width\": 8}", "--set", "segmentation.crop=96",
                    "--set", "segmentation.num_workers=0", "--set", "proposals.epochs=3",
-                   "--set", "classifier.cam_scales=[1.0]", "--set", "shard_size=4", "--rounds", "1"])
+                   "--set", "classifier.cam_scales=[1.0]", "--set", "shard_size=4", "--rounds", "1",
+                   "--compare-models", 'small={"width": 4}', "--compare-seconds", "2"])
     assert args.run_dir == str(run) and args.func is bq.main
     assert args.func(args) == 0
 
@@ -145,6 +147,35 @@ def test_bench_quality_end_to_end(tmp_path, prefect_harness, capsys):
     assert (vdir / "rounds" / "r000" / "prelim.zarr").is_symlink()
     assert json.loads((vdir / "config.json").read_text())["proposals"]["fusion"] == "threshold"
     assert "| fusion_threshold |" in out.with_suffix(".md").read_text()
+
+    # networks side by side: the configured one and the named one, each trained on the final
+    # pseudo-labels and on the masks for an epoch count derived from its measured speed
+    comp = res["model_comparison"]
+    assert list(comp) == ['small{"width": 8}', 'small{"width": 4}']
+    for c in comp.values():
+        assert c["epochs"] == bq.budget_epochs(2, c["measured_images_per_second"], len(TRAIN))
+        for what in ("wsss", "supervised"):
+            assert 0.0 <= c[what]["miou"] <= 1.0 and Path(c[what]["checkpoint"]).exists()
+            assert c[what]["epochs_run"] <= c["epochs"]
+    wsss_ckpt = torch.load(comp['small{"width": 4}']["wsss"]["checkpoint"], weights_only=False)
+    assert wsss_ckpt["options"] == {"width": 4}
+    assert out.with_suffix(".md").read_text().count("| small |") == 2
+
+
+def test_model_specs_and_budget_epochs():
+    assert bq.parse_model_spec("fusion") == ("fusion", {})
+    assert bq.parse_model_spec('fusion={"width": 0.25}') == ("fusion", {"width": 0.25})
+    with pytest.raises(ValueError, match="unknown network 'fuson'"):
+        bq.parse_model_spec("fuson")
+    with pytest.raises(ValueError, match="JSON object"):
+        bq.parse_model_spec("fusion=[1]")
+    with pytest.raises(ValueError, match="JSON object"):
+        bq.parse_model_spec("fusion={width: 1}")
+    assert bq.budget_epochs(300, 10.0, 276) == 10  # 3000 images / 276 = 10.9 -> 10 whole epochs
+    assert bq.budget_epochs(300, 0.5, 276) == 1  # slower than one epoch: still one
+    assert bq.budget_epochs(60, 9.2, 100, minimum=2) == 5
+    with pytest.raises(ValueError):
+        bq.budget_epochs(300, 0.0, 276)
 
 
 def test_unknown_set_keys_are_refused():
