@@ -6,6 +6,9 @@ A registry entry is a builder ``build(num_classes, in_channels=4, **options) -> 
 from __future__ import annotations
 
 import importlib
+import os
+
+os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")  # before torch loads OpenMP: see flows/__init__.py
 from typing import Callable
 
 from torch import nn
