@@ -6,10 +6,12 @@
 * :func:`bench_highres` compares, on the same images and step budget, (a) global-local,
   (b) the same network on patches without the global inputs (``use_global=False``) and
   (c) the whole image downsampled to the patch size and the logits upsampled back; it
-  measures the peak memory of streamed inference at two image sizes and the CPU
-  throughput, and writes a JSON summary plus an overlay PNG.
-* :func:`segment` applies a saved checkpoint to images of any size (palette PNG per image,
-  plus a Zarr array when the output exceeds 50 megapixels).
+  measures the peak memory of :func:`segment` on an image at its original size and at
+  twice its side, and the CPU throughput, and writes a JSON summary plus an overlay PNG.
+* :func:`segment` applies a saved checkpoint (or a run's final model,
+  :func:`resolve_checkpoint`) to images of any size: palette PNG per image written band by
+  band, plus a Zarr array when the output exceeds 50 megapixels; pixels outside a fundus
+  camera's field of view get class 0 (:mod:`tasks.fov`).
 
 Working resolution: HRF photographs are 3504 x 2336; the benchmark processes them at
 ``scale=0.5`` (1752 x 1168, decoded directly at half size by the JPEG decoder), with masks
@@ -33,11 +35,12 @@ from typing import Callable, Sequence
 import numpy as np
 
 __all__ = ["read_image", "read_mask", "reduce_mask", "upsample_labels", "load_split", "train_highres",
-           "vessel_scores", "predict", "bench_highres", "segment", "add_segment_parser",
-           "add_bench_highres_parser"]
+           "vessel_scores", "predict", "bench_highres", "segment", "resolve_checkpoint", "write_palette_png",
+           "upsampled_class_shares", "add_segment_parser", "add_bench_highres_parser"]
 
 _ROOT = Path(__file__).resolve().parents[1]
 LARGE_OUTPUT_PIXELS = 50_000_000
+SPILL_PIXELS = 1_000_000        # segment(): working images above this wait on disk (Zarr) during inference
 
 
 # ---------------------------------------------------------------------------------------
@@ -46,21 +49,36 @@ LARGE_OUTPUT_PIXELS = 50_000_000
 def read_image(path: str | os.PathLike, scale: float = 1.0) -> np.ndarray:
     """Read an RGB image as (H, W, 3) uint8, optionally reduced by ``scale`` (<= 1).
 
-    JPEGs are decoded directly at 1/2, 1/4 or 1/8 size when ``scale`` is one of those.
+    JPEGs are decoded directly at 1/2, 1/4 or 1/8 size when ``scale`` is one of those
+    (size ``ceil(side * scale)``); for other scales below 1 they are decoded at the
+    smallest of those reductions that is still at least ``scale``, then resized (area) to
+    ``round(side * scale)``.  The full-size pixels of a JPEG are thus never held in memory
+    when ``scale <= 0.5``.  Other formats are decoded whole, then resized.
     """
     import cv2
     flags = {0.5: cv2.IMREAD_REDUCED_COLOR_2, 0.25: cv2.IMREAD_REDUCED_COLOR_4,
              0.125: cv2.IMREAD_REDUCED_COLOR_8}
+    if not 0 < scale <= 1:
+        raise ValueError(f"scale must lie in (0, 1], got {scale}")
     path = str(path)
-    fast = str(path).lower().endswith((".jpg", ".jpeg")) and scale in flags
-    bgr = cv2.imread(path, flags[scale] if fast else cv2.IMREAD_COLOR)
+    jpeg = path.lower().endswith((".jpg", ".jpeg"))
+    fast = jpeg and scale in flags
+    flag = cv2.IMREAD_COLOR
+    if fast:
+        flag = flags[scale]
+    elif jpeg and scale < 1:
+        reductions = [f for f in sorted(flags) if f >= scale]     # 0.125 < 0.25 < 0.5
+        flag = flags[reductions[0]] if reductions else cv2.IMREAD_COLOR
+    size = None
+    if scale != 1.0 and not fast:
+        h, w = _image_size(Path(path))
+        size = (max(1, round(w * scale)), max(1, round(h * scale)))
+    bgr = cv2.imread(path, flag)
     if bgr is None:
         raise ValueError(f"cannot read image {path!r}; pass a JPEG/PNG/TIFF file path")
-    image = np.ascontiguousarray(bgr[..., ::-1])
-    if scale != 1.0 and not fast:
-        h, w = image.shape[:2]
-        image = cv2.resize(image, (max(1, round(w * scale)), max(1, round(h * scale))),
-                           interpolation=cv2.INTER_AREA)
+    image = cv2.cvtColor(bgr, cv2.COLOR_BGR2RGB, dst=bgr)       # in place: one copy of the pixels
+    if size is not None and image.shape[1::-1] != size:
+        image = cv2.resize(image, size, interpolation=cv2.INTER_AREA)
     return image
 
 
@@ -356,41 +374,41 @@ def _rss_mb(field: str = "VmRSS") -> float:
     return float("nan")
 
 
-def _probe(checkpoint: str, image_zarr: str, out_zarr: str, patch_size: int, overlap: int, batch: int,
-           threads: int) -> dict:
+def _probe(checkpoint: str, image: str, out_dir: str, overlap: int, batch: int, threads: int) -> dict:
+    """One :func:`segment` call on one image file in this (fresh) process; its peak RSS."""
     import torch
-    import zarr
 
-    from models import load_checkpoint
-    from models.global_local import segment_large
+    import models.global_local  # noqa: F401  (imported before the baseline, as segment's code)
+    import tasks.fov  # noqa: F401
     torch.set_num_threads(threads)
-    model, _ = load_checkpoint(checkpoint)
-    src = zarr.open_array(image_zarr, mode="r")
-    height, width = src.shape[:2]
-    dst = zarr.create_array(store=out_zarr, shape=(height, width), chunks=(patch_size, min(width, 4096)),
-                            dtype="uint8", overwrite=True)
     rss0 = _rss_mb()
-    t0 = time.perf_counter()
-    segment_large(model, src, patch_size=patch_size, overlap=overlap, batch=batch, out=dst)
-    seconds = time.perf_counter() - t0
-    peak = _rss_mb("VmHWM")
-    return {"peak_rss_mb": peak, "rss_before_mb": rss0, "seconds": seconds, "pixels": height * width}
+    stats: list[dict] = []
+    segment([image], checkpoint, out_dir, overlap=overlap, batch=batch, stats=stats, log=lambda _: None)
+    return {"peak_rss_mb": _rss_mb("VmHWM"), "rss_before_mb": rss0, **stats[0]}
 
 
-def _run_probe(checkpoint: Path, image: np.ndarray, tmp: Path, tag: str, *, patch_size: int, overlap: int,
-               batch: int, threads: int) -> dict:
-    import zarr
-    src = tmp / f"{tag}_image.zarr"
-    z = zarr.create_array(store=str(src), shape=image.shape, chunks=(patch_size, patch_size, 3), dtype="uint8",
-                          overwrite=True)
-    z[:] = image
+def _run_probe(checkpoint: Path, image: Path, tmp: Path, tag: str, *, overlap: int, batch: int,
+               threads: int) -> dict:
     env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(_ROOT), os.environ.get("PYTHONPATH")]))}
-    cmd = [sys.executable, "-m", "flows.highres", "_probe", str(checkpoint), str(src), str(tmp / f"{tag}_out.zarr"),
-           str(patch_size), str(overlap), str(batch), str(threads)]
+    cmd = [sys.executable, "-m", "flows.highres", "_probe", str(checkpoint), str(image), str(tmp / f"{tag}_out"),
+           str(overlap), str(batch), str(threads)]
     res = subprocess.run(cmd, capture_output=True, text=True, env=env, cwd=str(_ROOT))
     if res.returncode != 0:
-        raise RuntimeError(f"memory probe failed:\n{res.stderr[-2000:]}")
+        raise RuntimeError(f"memory probe on {image} failed:\n{res.stderr[-2000:]}")
     return json.loads(res.stdout.strip().splitlines()[-1])
+
+
+def _write_doubled_jpeg(src: Path, dst: Path) -> tuple[int, int]:
+    """Write ``src`` enlarged to twice its side (bilinear) as a JPEG (quality 95); returns its (H, W)."""
+    import cv2
+    image = cv2.imread(str(src), cv2.IMREAD_COLOR)
+    if image is None:
+        raise ValueError(f"cannot read image {src}")
+    big = cv2.resize(image, (2 * image.shape[1], 2 * image.shape[0]), interpolation=cv2.INTER_LINEAR)
+    del image
+    if not cv2.imwrite(str(dst), big, [cv2.IMWRITE_JPEG_QUALITY, 95]):
+        raise ValueError(f"cannot write {dst}")
+    return big.shape[0], big.shape[1]
 
 
 # ---------------------------------------------------------------------------------------
@@ -416,18 +434,21 @@ def bench_highres(data_dir: str | os.PathLike, split: str, out_json: str | os.Pa
     Images are processed at ``scale`` of their size; predictions are resized back (nearest)
     and scored (vessel IoU and F1, pooled over the evaluation images) at full resolution.
 
-    Memory: two subprocesses each run one streamed :func:`segment_large` of (a) on an
-    evaluation image stored as a Zarr array, writing labels to a Zarr array: at the
-    working size (``1x``) and at twice its side (``2x``, bilinear upsampling).
-    ``peak_mem_mb_*`` is the subprocess's peak resident set size (``VmHWM``: Python,
-    torch, the model and everything the inference allocated);
-    ``peak_mem_increment_mb_*`` is that peak minus the RSS just before the call.
-    ``mpix_per_s`` = pixels / seconds of the 2x inference, on CPU with ``threads`` threads.
+    Memory: two fresh subprocesses each run :func:`segment` (what ``wsseg segment --model
+    <checkpoint>`` does: read at the checkpoint's scale, field of view, patches, PNG) on the
+    first evaluation image: the original file (``1x``) and a JPEG of twice its side
+    (``2x``, bilinear enlargement written to a temporary folder).  ``peak_mem_mb_*`` is
+    the subprocess's peak resident set size (``VmHWM``: Python, torch, the model and
+    everything the call allocated); ``peak_mem_increment_mb_*`` is that peak minus the RSS
+    just before the call; ``probe_sizes`` gives each image's size and working size.
+    ``mpix_per_s`` = working pixels / seconds of the 2x inference (patches and stitching,
+    :func:`models.global_local.segment_large`) on CPU with ``threads`` threads;
+    ``segment_seconds_*`` are the whole calls (reading to PNG).
 
     Returns the dict written to ``out_json`` (keys ``global_local_iou``,
     ``global_local_f1``, ``patch_only_iou``, ``patch_only_f1``, ``downsampled_iou``,
     ``downsampled_f1``, ``peak_mem_mb_1x``, ``peak_mem_mb_2x``, ``peak_mem_ratio_2x``,
-    ``mpix_per_s``, ``wall_seconds`` and details); the overlay PNG
+    ``probe_sizes``, ``mpix_per_s``, ``wall_seconds`` and details); the overlay PNG
     ``<out_json stem>_overlay.png`` and the global-local checkpoint
     ``<out_json stem>_global_local.pt`` are written beside it.
     """
@@ -501,26 +522,32 @@ def bench_highres(data_dir: str | os.PathLike, split: str, out_json: str | os.Pa
     _overlay_png(overlay, full_image, ev_full[0], gl_preds[0])
     del full_image
 
-    # 6. peak memory of streamed inference at 1x and 2x the side, CPU throughput
+    # 6. peak memory of `wsseg segment` on an evaluation image at its original size and at twice
+    #    its side (a JPEG written to disk), each in a fresh process; CPU throughput
     with tempfile.TemporaryDirectory() as tmp:
-        image = ev_images[0]
-        big = cv2.resize(image, (2 * image.shape[1], 2 * image.shape[0]), interpolation=cv2.INTER_LINEAR)
-        kw = dict(patch_size=patch_size, overlap=overlap, batch=batch, threads=threads or torch.get_num_threads())
-        one = _run_probe(ckpt, image, Path(tmp), "1x", **kw)
+        src = data_dir / "images" / f"{eval_ids[0]}.jpg"
+        big = Path(tmp) / f"{eval_ids[0]}_2x.jpg"
+        _write_doubled_jpeg(src, big)
+        kw = dict(overlap=overlap, batch=batch, threads=threads or torch.get_num_threads())
+        one = _run_probe(ckpt, src, Path(tmp), "1x", **kw)
         two = _run_probe(ckpt, big, Path(tmp), "2x", **kw)
-        del big
+    work_px = lambda r: r["working_size"][0] * r["working_size"][1]
     results.update({
         "peak_mem_mb_1x": round(one["peak_rss_mb"], 1), "peak_mem_mb_2x": round(two["peak_rss_mb"], 1),
         "peak_mem_ratio_2x": round(two["peak_rss_mb"] / one["peak_rss_mb"], 4),
         "peak_mem_increment_mb_1x": round(one["peak_rss_mb"] - one["rss_before_mb"], 1),
         "peak_mem_increment_mb_2x": round(two["peak_rss_mb"] - two["rss_before_mb"], 1),
-        "probe_size_1x": list(image.shape[:2]), "probe_size_2x": [2 * image.shape[0], 2 * image.shape[1]],
-        "mpix_per_s": round(two["pixels"] / two["seconds"] / 1e6, 4),
-        "mpix_per_s_1x": round(one["pixels"] / one["seconds"] / 1e6, 4),
+        "probe_sizes": {tag: {"image": r["size"], "working": r["working_size"]}
+                        for tag, r in (("1x", one), ("2x", two))},
+        "probe_fov_share": round(one["fov_share"], 4),
+        "mpix_per_s": round(work_px(two) / two["inference_seconds"] / 1e6, 4),
+        "mpix_per_s_1x": round(work_px(one) / one["inference_seconds"] / 1e6, 4),
+        "segment_seconds_1x": round(one["seconds"], 2), "segment_seconds_2x": round(two["seconds"], 2),
         "overlay_png": overlay.name, "checkpoint": ckpt.name,
     })
-    log(f"  memory: peak {results['peak_mem_mb_1x']} MB (1x) / {results['peak_mem_mb_2x']} MB (2x), ratio "
-        f"{results['peak_mem_ratio_2x']}; {results['mpix_per_s']} Mpx/s")
+    log(f"  memory of `wsseg segment`: peak {results['peak_mem_mb_1x']} MB ({one['size'][1]}x{one['size'][0]}) / "
+        f"{results['peak_mem_mb_2x']} MB ({two['size'][1]}x{two['size'][0]}), ratio {results['peak_mem_ratio_2x']}; "
+        f"{results['mpix_per_s']} Mpx/s")
     results["wall_seconds"] = round(time.perf_counter() - t_start, 1)
     out_json.write_text(json.dumps(results, indent=2))
     log(f"highres: wrote {out_json} ({results['wall_seconds']} s)")
@@ -562,23 +589,235 @@ def _image_size(path: Path) -> tuple[int, int]:
         Image.MAX_IMAGE_PIXELS = limit
 
 
-def segment(inputs: Sequence[str | os.PathLike], checkpoint: str | os.PathLike, out_dir: str | os.PathLike, *,
-            patch_size: int | None = None, overlap: int | None = None, batch: int = 4, device: str = "cpu",
-            log: Callable[[str], None] = print) -> list[Path]:
-    """Segment image files with a global-local checkpoint.
+def write_palette_png(path: str | os.PathLike, height: int, width: int, bands, palette: Sequence[int], *,
+                      level: int = 6) -> None:
+    """Write an 8-bit palette PNG from row bands, without holding the whole image.
 
-    Each image is read, reduced to the checkpoint's working ``scale`` (``meta["scale"]``,
-    1 if absent), segmented patch by patch (:func:`models.global_local.segment_large`),
-    and the labels are resized back to the image's size.  Writes ``<out_dir>/<stem>.png``
-    (palette PNG of class indices) and, for outputs above 50 megapixels, also
-    ``<out_dir>/<stem>.zarr`` (uint8 (H, W) array written band by band).
+    Parameters
+    ----------
+    path : path
+        Output file (written to a temporary name, then renamed).
+    height, width : int
+        Image size.
+    bands : iterable of (n, width) uint8 arrays
+        Consecutive row bands, top to bottom, ``height`` rows in total.
+    palette : sequence of int
+        Flat RGB palette, at most 768 values (256 colours).
+    level : int
+        zlib compression level.
 
-    Returns the written PNG paths.
+    Raises
+    ------
+    ValueError
+        If a band has the wrong width or dtype, or the bands do not add up to ``height``.
     """
-    from PIL import Image
+    import struct
+    import zlib
 
+    path = Path(path)
+    if height < 1 or width < 1:
+        raise ValueError(f"height and width must be positive, got {height}x{width}")
+    pal = bytes(int(v) for v in list(palette)[:768])
+    if len(pal) % 3 or not pal:
+        raise ValueError(f"palette must be a flat RGB list (3 values per colour), got {len(pal)} values")
+
+    def chunk(f, kind: bytes, data: bytes) -> None:
+        f.write(struct.pack(">I", len(data)) + kind + data + struct.pack(">I", zlib.crc32(kind + data) & 0xFFFFFFFF))
+
+    tmp = path.with_name(f".{path.name}.tmp")
+    rows = 0
+    comp = zlib.compressobj(level)
+    with open(tmp, "wb") as f:
+        f.write(b"\x89PNG\r\n\x1a\n")
+        chunk(f, b"IHDR", struct.pack(">IIBBBBB", width, height, 8, 3, 0, 0, 0))
+        chunk(f, b"PLTE", pal)
+        for band in bands:
+            band = np.asarray(band)
+            if band.ndim != 2 or band.shape[1] != width or band.dtype != np.uint8:
+                raise ValueError(f"{path}: bands must be (n, {width}) uint8, got {band.dtype} {band.shape}")
+            if rows + band.shape[0] > height:
+                raise ValueError(f"{path}: bands hold more than height={height} rows")
+            filtered = np.zeros((band.shape[0], width + 1), np.uint8)     # filter type 0 per row
+            filtered[:, 1:] = band
+            data = comp.compress(filtered.tobytes())
+            if data:
+                chunk(f, b"IDAT", data)
+            rows += band.shape[0]
+        if rows != height:
+            raise ValueError(f"{path}: bands hold {rows} rows, expected {height}")
+        chunk(f, b"IDAT", comp.flush())
+        chunk(f, b"IEND", b"")
+    os.replace(tmp, path)
+
+
+def _label_bands(labels: np.ndarray, height: int, width: int, band: int = 256):
+    """(n, width) uint8 bands of ``labels`` resized (nearest, as :func:`upsample_labels`) to height x width."""
+    h, w = labels.shape
+    cols = np.minimum((np.arange(width) * w) // width, w - 1)
+    for r0 in range(0, height, band):
+        rows = np.minimum((np.arange(r0, min(r0 + band, height)) * h) // height, h - 1)
+        src = np.asarray(labels[int(rows[0]):int(rows[-1]) + 1])
+        yield src[rows - rows[0]][:, cols]
+
+
+def upsampled_class_shares(labels: np.ndarray, height: int, width: int, num_classes: int, band: int = 64) -> np.ndarray:
+    """Share of each class in ``labels`` resized (nearest) to height x width, computed on ``labels``.
+
+    Each source pixel counts as many times as the resize repeats it (rows times columns),
+    so the result equals ``np.bincount(upsample_labels(labels, height, width).ravel()) /
+    (height * width)`` without building the large array.
+    """
+    h, w = labels.shape
+    row_n = np.bincount(np.minimum((np.arange(height) * h) // height, h - 1), minlength=h).astype(np.float64)
+    col_n = np.bincount(np.minimum((np.arange(width) * w) // width, w - 1), minlength=w).astype(np.float64)
+    counts = np.zeros(num_classes, np.float64)
+    for r0 in range(0, h, band):
+        part = np.asarray(labels[r0:r0 + band])
+        for k in range(num_classes):
+            counts[k] += row_n[r0:r0 + band] @ ((part == k) @ col_n)
+    return counts / (float(height) * width)
+
+
+def resolve_checkpoint(model: str | os.PathLike) -> Path:
+    """The checkpoint file meant by ``wsseg segment --model``.
+
+    Parameters
+    ----------
+    model : path
+        One of
+
+        * a checkpoint file (``*.pt``);
+        * the JSON of a ``wsseg bench highres`` run (``<stem>_global_local.pt`` beside it),
+          or the folder holding it (exactly one ``*_global_local.pt`` there);
+        * a ``wsseg train`` run directory (``summary.json``'s ``final_model``; if that file
+          moved with the run directory, ``rounds/<round>/model.pt`` under it), or its
+          ``summary.json``;
+        * a round directory holding ``model.pt``.
+
+    Returns
+    -------
+    path : Path
+        An existing checkpoint file.
+
+    Raises
+    ------
+    ValueError
+        Naming the path and what was looked for, when nothing usable is found.
+    """
+    path = Path(model)
+    if not path.exists():
+        raise ValueError(f"--model {path}: no such file or directory; pass a checkpoint (.pt), a `wsseg train` "
+                         "run directory or a `wsseg bench highres` output")
+    if path.is_file() and path.suffix.lower() != ".json":
+        return path
+    folder, summary = (path.parent, path) if path.is_file() else (path, path / "summary.json")
+    tried = []
+    if summary.name == "summary.json" and summary.is_file():
+        try:
+            final = json.loads(summary.read_text()).get("final_model")
+        except (json.JSONDecodeError, AttributeError) as e:
+            raise ValueError(f"{summary}: not a readable `wsseg train` summary ({e})") from e
+        if final:
+            final = Path(final)
+            moved = folder / "rounds" / final.parent.name / final.name
+            for candidate in (final, moved):
+                if candidate.is_file():
+                    return candidate
+            raise ValueError(f"{summary}: final_model {final} not found (nor {moved})")
+        tried.append(f"{summary} has no final_model")
+    if path.is_file():                          # a bench JSON: its checkpoint lies beside it
+        candidate = path.with_name(path.stem + "_global_local.pt")
+        if candidate.is_file():
+            return candidate
+        raise ValueError(f"{path}: no checkpoint {candidate.name} beside it; pass the checkpoint file itself")
+    benches = sorted(folder.glob("*_global_local.pt"))
+    if len(benches) == 1:
+        return benches[0]
+    if len(benches) > 1:
+        raise ValueError(f"{folder}: several `wsseg bench highres` checkpoints ({', '.join(b.name for b in benches)}); "
+                         "pass one of them as --model")
+    if (folder / "model.pt").is_file():
+        return folder / "model.pt"
+    raise ValueError(f"{folder}: no checkpoint found: looked for summary.json with final_model (a `wsseg train` run "
+                     "directory), *_global_local.pt (a `wsseg bench highres` output) and model.pt"
+                     + (f"; {tried[0]}" if tried else ""))
+
+
+def _edge_params(checkpoint: Path, meta: dict) -> dict:
+    """Edge-map parameters of a 4-channel checkpoint: its meta, else its run's config.json."""
+    if "edges" in meta:
+        return dict(meta["edges"])
+    for folder in list(checkpoint.resolve().parents)[:3]:
+        config = folder / "config.json"
+        if config.is_file():
+            features = json.loads(config.read_text()).get("features", {})
+            if "edge_sigma" in features:
+                return {"sigma": features["edge_sigma"], "tau": features["edge_tau"]}
+    raise ValueError(f"{checkpoint}: the model takes an edge-map channel (4 inputs) but neither the checkpoint's "
+                     "meta nor a config.json of its run directory gives the edge parameters")
+
+
+def segment(inputs: Sequence[str | os.PathLike], model: str | os.PathLike, out_dir: str | os.PathLike, *,
+            patch_size: int | None = None, overlap: int | None = None, batch: int = 4, device: str = "cpu",
+            fov: str = "auto", stats: list | None = None, log: Callable[[str], None] = print) -> list[Path]:
+    """Segment image files with a global-local checkpoint, with memory bounded by patch and batch.
+
+    For each image:
+
+    1. read it at the checkpoint's working ``scale`` (``meta["scale"]``, 1 if absent): a
+       JPEG is decoded directly at that size (:func:`read_image`), so the full-size pixels
+       are never in memory when the scale is 1/2, 1/4 or 1/8; for a model with an edge
+       channel (4 inputs, a ``wsseg train`` model), the feature-region map of the whole
+       working image is added (its filters' memory grows with the image);
+    2. ``fov="auto"``: estimate the camera's field of view (:func:`tasks.fov.fov_or_all`,
+       kept as one bit per pixel); when the image has a dark surround (fundus
+       photographs), pixels outside it get class 0, else all pixels are kept;
+       ``fov="none"``: keep all pixels;
+    3. segment patch by patch with the coarse image (:func:`models.global_local.segment_large`);
+       a working image above ``SPILL_PIXELS`` is first moved to a temporary Zarr array in
+       ``out_dir`` (and the labels go to one), so that during inference only patches,
+       bands of rows and the model are in memory;
+    4. resize the labels back to the image's size (nearest) band by band, writing
+       ``<out_dir>/<stem>.png`` (palette PNG of class indices) row band by row band
+       (:func:`write_palette_png`) and, for outputs above 50 megapixels, also
+       ``<out_dir>/<stem>.zarr`` (uint8 (H, W)).
+
+    Parameters
+    ----------
+    inputs : sequence of paths
+        Image files.
+    model : path
+        Checkpoint, run directory or bench output (:func:`resolve_checkpoint`).
+    out_dir : path
+        Output folder (created).
+    patch_size, overlap : int, optional
+        Default: the model's patch size and the checkpoint's overlap (0 if absent).
+    batch : int
+        Patches per forward pass.
+    device : str
+        Torch device.
+    fov : {"auto", "none"}
+        Field-of-view masking.
+    stats : list, optional
+        Receives one dict per image (``image``, ``size``, ``working_size``, ``seconds``,
+        ``inference_seconds``, ``fov_found``, ``fov_share``, ``class_shares``, ``png``).
+    log : callable(str)
+        Progress, one line per image.
+
+    Returns
+    -------
+    pngs : list of Path
+        The written PNGs.
+
+    Raises
+    ------
+    ValueError
+        On missing inputs, an unusable ``model``, a model other than global-local, or bad
+        options.
+    """
     from models import load_checkpoint
-    from models.global_local import segment_large
+    from models.global_local import GlobalLocalNet, IMAGENET_MEAN, IMAGENET_STD, segment_large
+    from tasks.fov import fov_or_all
 
     paths = [Path(p) for p in inputs]
     missing = [str(p) for p in paths if not p.exists()]
@@ -586,37 +825,99 @@ def segment(inputs: Sequence[str | os.PathLike], checkpoint: str | os.PathLike, 
         raise ValueError(f"input images not found: {', '.join(missing)}")
     if batch < 1:
         raise ValueError(f"batch must be >= 1, got {batch}")
-    model, state = load_checkpoint(checkpoint, device=device)
+    if fov not in ("auto", "none"):
+        raise ValueError(f"fov must be 'auto' or 'none', got {fov!r}")
+    checkpoint = resolve_checkpoint(model)
+    net, state = load_checkpoint(checkpoint, device=device)
+    if not isinstance(net, GlobalLocalNet):
+        raise ValueError(f"{checkpoint}: a {state.get('builder')!r} model; `wsseg segment` needs a global_local "
+                         "model (train with --model global_local, or use `wsseg bench highres`'s checkpoint)")
     meta = state.get("meta", {})
     scale = float(meta.get("scale", 1.0))
     overlap = int(meta.get("overlap", 0) if overlap is None else overlap)
+    in_ch = int(state["in_channels"])
+    if in_ch not in (3, 4):
+        raise ValueError(f"{checkpoint}: model takes {in_ch} input channels; segment supports RGB (3) or RGB + "
+                         "edge map (4)")
+    edges = _edge_params(checkpoint, meta) if in_ch == 4 else None
+    mean, std = IMAGENET_MEAN + ((0.5,) if edges else ()), IMAGENET_STD + ((1.0,) if edges else ())
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
+    palette = _palette(net.num_classes)
     written = []
     for n, path in enumerate(paths, 1):
         t0 = time.perf_counter()
         height, width = _image_size(path)
-        work = read_image(path, scale)
-        if scale != 1.0:
-            print_scale = f" (at {work.shape[1]}x{work.shape[0]})"
-        else:
-            print_scale = ""
-        labels = segment_large(model, work, patch_size=patch_size, overlap=overlap, batch=batch, device=device)
-        full = upsample_labels(labels, height, width)
-        if height * width > LARGE_OUTPUT_PIXELS:
-            import zarr
-            z = zarr.create_array(store=str(out_dir / f"{path.stem}.zarr"), shape=(height, width),
-                                  chunks=(1024, 1024), dtype="uint8", overwrite=True)
-            upsample_labels(labels, height, width, out=z)
-        im = Image.fromarray(full)
-        im.putpalette(_palette(model.num_classes))
-        png = out_dir / f"{path.stem}.png"
-        im.save(png)
+        with tempfile.TemporaryDirectory(prefix=f".{path.stem}.", dir=out_dir) as tmp:
+            work = read_image(path, scale)
+            h, w = work.shape[:2]
+            # 2. field of view, at working scale, kept as one bit per pixel
+            packed, found, fov_share = None, False, 1.0
+            if fov == "auto":
+                mask, found = fov_or_all(work)
+                if found:
+                    fov_share = float(mask.mean())
+                    packed = np.packbits(mask, axis=1)
+                del mask
+            if edges is not None:
+                from tasks.edges import feature_region_map
+                region = feature_region_map(work, sigma=edges["sigma"], tau=edges["tau"])
+                work = np.concatenate([work, (region * 255).astype(np.uint8)[..., None]], axis=2)
+                del region
+            # a large working image waits on disk: inference reads it patch by patch and band by band
+            labels = np.empty((h, w), np.uint8)
+            if h * w > SPILL_PIXELS:
+                import zarr
+                src = zarr.create_array(store=str(Path(tmp) / "image.zarr"), shape=work.shape, dtype="uint8",
+                                        chunks=(128, min(w, 512), work.shape[2]))
+                src[:] = work
+                del work
+                work = src
+                labels = zarr.create_array(store=str(Path(tmp) / "labels.zarr"), shape=(h, w), dtype="uint8",
+                                           chunks=(256, w))
+            # 3. patches + coarse image
+            t1 = time.perf_counter()
+            segment_large(net, work, patch_size=patch_size, overlap=overlap, batch=batch, device=device,
+                          mean=mean, std=std, out=labels)
+            t_inf = time.perf_counter() - t1
+            del work
+            if packed is not None:                          # outside the field of view: class 0
+                for r0 in range(0, h, 256):
+                    part = np.asarray(labels[r0:r0 + 256])
+                    part *= np.unpackbits(packed[r0:r0 + 256], axis=1, count=w).astype(bool)
+                    labels[r0:r0 + 256] = part
+                del packed
+            # 4. back to the image's size, band by band
+            png = out_dir / f"{path.stem}.png"
+            large = height * width > LARGE_OUTPUT_PIXELS
+            z = None
+            if large:
+                import zarr
+                z = zarr.create_array(store=str(out_dir / f"{path.stem}.zarr"), shape=(height, width),
+                                      chunks=(1024, 1024), dtype="uint8", overwrite=True)
+
+            def bands():
+                r0 = 0
+                for part in _label_bands(labels, height, width, band=256 if z is None else 1024):
+                    if z is not None:
+                        z[r0:r0 + part.shape[0]] = part
+                    r0 += part.shape[0]
+                    yield part
+
+            write_palette_png(png, height, width, bands(), palette)
+            shares = upsampled_class_shares(labels, height, width, net.num_classes)
+            del labels
         written.append(png)
-        shares = np.bincount(full.ravel(), minlength=model.num_classes) / full.size
-        log(f"[{n}/{len(paths)}] {path.name}: {width}x{height}{print_scale}, {time.perf_counter() - t0:.1f} s, "
-            f"{png}{' + .zarr' if height * width > LARGE_OUTPUT_PIXELS else ''}, class shares "
-            + " ".join(f"{s:.3f}" for s in shares))
+        work_size = [h, w]
+        seconds = time.perf_counter() - t0
+        if stats is not None:
+            stats.append({"image": str(path), "size": [height, width], "working_size": work_size,
+                          "seconds": seconds, "inference_seconds": t_inf, "fov_found": found,
+                          "fov_share": fov_share, "class_shares": shares.tolist(), "png": str(png)})
+        at = f" (at {work_size[1]}x{work_size[0]})" if scale != 1.0 else ""
+        fov_note = f", field of view {fov_share:.3f}" if found else (", no dark surround" if fov == "auto" else "")
+        log(f"[{n}/{len(paths)}] {path.name}: {width}x{height}{at}{fov_note}, {seconds:.1f} s, "
+            f"{png}{' + .zarr' if large else ''}, class shares " + " ".join(f"{v:.3f}" for v in shares))
     return written
 
 
@@ -628,8 +929,8 @@ def _segment_main(args: argparse.Namespace) -> int:
     if args.threads:
         torch.set_num_threads(args.threads)
     try:
-        segment(args.inputs, args.checkpoint, args.out_dir, patch_size=args.patch_size, overlap=args.overlap,
-                batch=args.batch, device=args.device)
+        segment(args.inputs, args.model, args.out, patch_size=args.patch_size, overlap=args.overlap,
+                batch=args.batch, device=args.device, fov=args.fov)
     except ValueError as e:
         print(f"wsseg segment: error: {e}", file=sys.stderr)
         return 2
@@ -639,13 +940,21 @@ def _segment_main(args: argparse.Namespace) -> int:
 def add_segment_parser(subparsers) -> argparse.ArgumentParser:
     """Register ``segment``: apply a global-local checkpoint to images of any size."""
     p = subparsers.add_parser(
-        "segment", help="segment (ultra-)high-resolution images patch by patch with a global-local checkpoint",
-        description="Segment images of any size with a global-local checkpoint (METHOD.md C): patches plus the "
-                    "whole image's coarse context, stitched with bounded memory. Writes <out-dir>/<stem>.png "
-                    "(palette PNG of class indices) and, above 50 megapixels, <out-dir>/<stem>.zarr.")
+        "segment", help="segment (ultra-)high-resolution images patch by patch with a global-local model",
+        description="Segment images of any size with a global-local model (METHOD.md C): patches plus the "
+                    "whole image's coarse context, stitched with bounded memory. Writes <out>/<stem>.png "
+                    "(palette PNG of class indices) and, above 50 megapixels, <out>/<stem>.zarr. Outside the "
+                    "camera's field of view (a dark surround, as in fundus photographs) pixels get class 0.")
     p.add_argument("inputs", nargs="+", help="image files (JPEG/PNG/TIFF)")
-    p.add_argument("--checkpoint", required=True, help="checkpoint written by `wsseg bench highres` (or save_checkpoint)")
-    p.add_argument("--out-dir", required=True, help="folder for the label PNGs (created)")
+    p.add_argument("--model", "--checkpoint", dest="model", required=True, metavar="RUN_OR_CHECKPOINT",
+                   help="a checkpoint (.pt), a `wsseg train` run directory (its final model), or a `wsseg bench "
+                        "highres` output (its JSON or folder: the *_global_local.pt beside it); --checkpoint is an "
+                        "alias")
+    p.add_argument("--out", "--out-dir", dest="out", required=True, metavar="DIR",
+                   help="folder for the label PNGs (created); --out-dir is an alias")
+    p.add_argument("--fov", choices=["auto", "none"], default="auto",
+                   help="auto (default): estimate the field of view where the image has a dark surround and give "
+                        "the pixels outside it class 0; none: keep every pixel")
     p.add_argument("--patch-size", type=int, default=None, help="patch side (default: the model's)")
     p.add_argument("--overlap", type=int, default=None, help="patch overlap in pixels (default: the checkpoint's)")
     p.add_argument("--batch", type=int, default=4, help="patches per forward pass (default 4)")
@@ -657,7 +966,7 @@ def add_segment_parser(subparsers) -> argparse.ArgumentParser:
 
 def _bench_main(args: argparse.Namespace) -> int:
     try:
-        bench_highres(args.data_dir, args.split, args.out_json, train_n=args.train_n, eval_n=args.eval_n,
+        bench_highres(args.data, args.split, args.out, train_n=args.train_n, eval_n=args.eval_n,
                       patch_size=args.patch_size, scale=args.scale, steps=args.steps, batch=args.batch, lr=args.lr,
                       width=args.width, overlap=args.overlap, balanced=args.balanced, seed=args.seed,
                       threads=args.threads, device=args.device)
@@ -673,12 +982,15 @@ def add_bench_highres_parser(bench_subparsers) -> argparse.ArgumentParser:
         "highres", help="global-local vs. patches without context vs. downsampled image, with memory and speed",
         description="Train and score, on the same images and step budget, (a) the global-local network, (b) the "
                     "same network on patches without global context, (c) the whole image downsampled to the "
-                    "patch size; measure peak memory of streamed inference at 1x and 2x the side and CPU "
-                    "megapixels per second. Writes the JSON, an overlay PNG and the global-local checkpoint.")
-    p.add_argument("--data-dir", required=True, help="folder with images/<id>.jpg, masks/<id>.png, <split>.txt "
-                                                     "(masks: 0 background, 1 vessel, 255 ignore)")
+                    "patch size; measure the peak memory of `wsseg segment` on an evaluation image at its original "
+                    "size and at twice its side, and CPU megapixels per second. Writes the JSON, an overlay PNG "
+                    "and the global-local checkpoint.")
+    p.add_argument("--data", "--data-dir", dest="data", required=True, metavar="DIR",
+                   help="folder with images/<id>.jpg, masks/<id>.png, <split>.txt (masks: 0 background, 1 vessel, "
+                        "255 ignore); --data-dir is an alias")
     p.add_argument("--split", default="train", help="id list to draw train and eval images from (default train)")
-    p.add_argument("--out-json", required=True, help="result JSON (overlay PNG and checkpoint go beside it)")
+    p.add_argument("--out", "--out-json", dest="out", required=True, metavar="FILE.json",
+                   help="result JSON (overlay PNG and checkpoint go beside it); --out-json is an alias")
     p.add_argument("--train-n", type=int, default=12, help="training images (default 12)")
     p.add_argument("--eval-n", type=int, default=3, help="evaluation images (default 3)")
     p.add_argument("--patch-size", type=int, default=256, help="patch side at working resolution (default 256)")
@@ -697,10 +1009,10 @@ def add_bench_highres_parser(bench_subparsers) -> argparse.ArgumentParser:
 
 
 if __name__ == "__main__":
-    if len(sys.argv) == 9 and sys.argv[1] == "_probe":
+    if len(sys.argv) == 8 and sys.argv[1] == "_probe":
         _a = sys.argv[2:]
-        print(json.dumps(_probe(_a[0], _a[1], _a[2], int(_a[3]), int(_a[4]), int(_a[5]), int(_a[6]))))
+        print(json.dumps(_probe(_a[0], _a[1], _a[2], int(_a[3]), int(_a[4]), int(_a[5]))))
     else:
-        print("usage: python -m flows.highres _probe CKPT IMAGE_ZARR OUT_ZARR PATCH OVERLAP BATCH THREADS "
+        print("usage: python -m flows.highres _probe CKPT IMAGE OUT_DIR OVERLAP BATCH THREADS "
               "(internal; use `wsseg bench highres` / `wsseg segment`)", file=sys.stderr)
         sys.exit(2)

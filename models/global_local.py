@@ -34,7 +34,7 @@ from torch import Tensor, nn
 from models.roi_align import roi_align
 from tasks.tiling import RowStitcher, Stitcher, extract_patches, patch_grid
 
-__all__ = ["CompactHRNet", "GlobalLocalNet", "global_local", "segment_large", "coarse_image",
+__all__ = ["CompactHRNet", "GlobalLocalNet", "global_local", "segment_large", "coarse_image", "coarse_input",
            "patch_boxes_in_coarse", "normalize"]
 
 IMAGENET_MEAN = (0.485, 0.456, 0.406)
@@ -156,7 +156,8 @@ class GlobalLocalNet(nn.Module):
         if not 0 <= overlap < patch_size:
             raise ValueError(f"overlap must lie in [0, patch_size), got {overlap}")
         norm_layer = norm_layer or nn.BatchNorm2d
-        self.num_classes, self.patch_size, self.use_global = num_classes, patch_size, use_global
+        self.num_classes, self.in_channels, self.patch_size = num_classes, in_channels, patch_size
+        self.use_global = use_global
         self.overlap, self.patch_batch = overlap, patch_batch
         c = width
         self.backbone = CompactHRNet(in_channels, width, blocks, norm_layer)
@@ -252,26 +253,49 @@ class GlobalLocalNet(nn.Module):
         logits = self.classifier(f7)
         return F.interpolate(logits, size=patches.shape[-2:], mode="bilinear", align_corners=False)
 
-    def forward(self, x: Tensor) -> Tensor:
-        """Segment whole images: cut into patches, add the coarse image, stitch.
+    @property
+    def needs_global_context(self) -> bool:
+        """True when the network takes the coarse whole image beside each patch (``use_global``).
+
+        Trainers that cut crops out of whole images (``flows.wsss.train_round_segmenter``)
+        then pass each crop's coarse image and box (:func:`tasks.training.context_sample`)
+        instead of letting :meth:`forward` treat the crop as a whole image.
+        """
+        return self.use_global
+
+    def forward(self, x: Tensor, coarse: Tensor | None = None, boxes: Tensor | None = None) -> Tensor:
+        """Segment whole images (cut into patches, coarse image added, stitched), or training patches.
 
         Parameters
         ----------
         x : (B, C_in, H, W) float tensor
-            Normalised images of any size (smaller than a patch: zero-padded).
+            Normalised images of any size (smaller than a patch: zero-padded); or, with
+            ``coarse`` and ``boxes``, (N, C_in, p, p) patches.
+        coarse : (N, C_in, p, p) float tensor, optional
+            The coarse image (:func:`coarse_input`) of each patch's whole image.
+        boxes : (N, 4) or (N, 5) tensor, optional
+            Each patch's ``[x1, y1, x2, y2]`` in its coarse image's pixels (``(N, 5)``: with
+            a leading index into ``coarse``, as :meth:`forward_patches` takes).
 
         Returns
         -------
         logits : (B, num_classes, H, W) tensor
-            Patch logits averaged where patches overlap.
+            Patch logits averaged where patches overlap; with ``coarse``:
+            :meth:`forward_patches` of the patches, (N, num_classes, p, p).
         """
+        if coarse is not None or boxes is not None:
+            if coarse is None or boxes is None:
+                raise ValueError("forward(x, coarse, boxes): pass both the coarse images and the boxes, or neither")
+            if boxes.ndim == 2 and boxes.shape[1] == 4:
+                idx = torch.arange(boxes.shape[0], dtype=boxes.dtype, device=boxes.device)[:, None]
+                boxes = torch.cat([idx, boxes], 1)
+            return self.forward_patches(x, coarse, boxes)
         if x.ndim != 4:
             raise ValueError(f"x must be (B, C, H, W), got shape {tuple(x.shape)}")
         b, _, height, width = x.shape
         p = self.patch_size
         grid = patch_grid(height, width, p, overlap=self.overlap)
-        coarse = x if (height, width) == (p, p) else F.interpolate(
-            x, size=(p, p), mode="bilinear", align_corners=False, antialias=True)
+        coarse = coarse_input(x, p)
         outs = []
         boxes = patch_boxes_in_coarse(grid, height, width, p).to(x.device)
         for i in range(b):
@@ -287,6 +311,19 @@ class GlobalLocalNet(nn.Module):
                 stitcher.add(logits, chunk)
             outs.append(stitcher.result())
         return torch.stack(outs)
+
+
+def coarse_input(x: Tensor, size: int) -> Tensor:
+    """The coarse images of normalised whole images: (B, C, H, W) -> (B, C, size, size).
+
+    Bilinear with antialiasing (area-like when shrinking); the identity when the images
+    already have that size.  :meth:`GlobalLocalNet.forward` and the WSSS trainer's
+    samples (:func:`tasks.training.context_sample`) both use it, so a network trained on
+    crops sees the same global context at inference.
+    """
+    if tuple(x.shape[-2:]) == (size, size):
+        return x
+    return F.interpolate(x, size=(size, size), mode="bilinear", align_corners=False, antialias=True)
 
 
 def patch_boxes_in_coarse(grid: Sequence[tuple[int, int, int, int]], height: int, width: int, coarse_size: int,
@@ -330,8 +367,20 @@ def coarse_image(image, size: int, *, band: int = 64) -> np.ndarray:
 
 def normalize(images: np.ndarray | Tensor, mean: Sequence[float] = IMAGENET_MEAN,
               std: Sequence[float] = IMAGENET_STD) -> Tensor:
-    """(..., H, W, 3) uint8 -> (..., 3, H, W) float32 tensor, scaled to [0, 1] and standardised."""
+    """(..., H, W, C) uint8 -> (..., C, H, W) float32 tensor, scaled to [0, 1] and standardised.
+
+    ``mean`` and ``std`` give one value per channel.  For a 4-channel input of RGB plus a
+    0/255 edge map, ``mean = IMAGENET_MEAN + (0.5,)`` and ``std = IMAGENET_STD + (1.0,)``
+    give the edge channel ``edge - 0.5``, as :func:`tasks.training.to_input` does.
+
+    Raises
+    ------
+    ValueError
+        If ``mean`` or ``std`` does not have one value per channel.
+    """
     t = torch.as_tensor(np.asarray(images) if not isinstance(images, Tensor) else images)
+    if len(mean) != t.shape[-1] or len(std) != t.shape[-1]:
+        raise ValueError(f"images have {t.shape[-1]} channels but mean/std give {len(mean)}/{len(std)} values")
     t = t.movedim(-1, -3).float().div_(255.0)
     m = torch.tensor(mean, dtype=torch.float32).view(-1, 1, 1)
     s = torch.tensor(std, dtype=torch.float32).view(-1, 1, 1)
@@ -360,8 +409,9 @@ def segment_large(model: GlobalLocalNet, image, *, patch_size: int | None = None
     ----------
     model : GlobalLocalNet
         Trained model (put in eval mode here).
-    image : (H, W, 3) uint8 array-like
-        The image: a numpy array, or anything sliceable like one (zarr array, memmap).
+    image : (H, W, C) uint8 array-like
+        The image (``C = model.in_channels``): a numpy array, or anything sliceable like
+        one (zarr array, memmap).
     patch_size : int, optional
         Defaults to ``model.patch_size``; must equal it when the model uses global context.
     overlap : int
@@ -370,8 +420,8 @@ def segment_large(model: GlobalLocalNet, image, *, patch_size: int | None = None
         Patches per forward pass.
     device : str or torch.device
         Where the model runs.
-    mean, std : sequences of 3 floats
-        Normalisation used at training time.
+    mean, std : sequences of C floats
+        Normalisation used at training time (see :func:`normalize`).
     progress : callable(done, total), optional
         Called after each batch.
     out : (H, W) uint8 array-like, optional
@@ -383,7 +433,10 @@ def segment_large(model: GlobalLocalNet, image, *, patch_size: int | None = None
         Argmax class per pixel (``out`` when given).
     """
     if len(image.shape) != 3 or np.dtype(image.dtype) != np.uint8:
-        raise ValueError(f"image must be an (H, W, 3) uint8 array, got {image.dtype} {tuple(image.shape)}")
+        raise ValueError(f"image must be an (H, W, C) uint8 array, got {image.dtype} {tuple(image.shape)}")
+    if image.shape[2] != model.in_channels or len(mean) != image.shape[2] or len(std) != image.shape[2]:
+        raise ValueError(f"image has {image.shape[2]} channels, the model takes {model.in_channels} and mean/std "
+                         f"give {len(mean)}/{len(std)} values; they must agree")
     if out is not None and (tuple(out.shape) != tuple(image.shape[:2]) or np.dtype(out.dtype) != np.uint8):
         raise ValueError(f"out must be an {tuple(image.shape[:2])} uint8 array, got {out.dtype} {tuple(out.shape)}")
     p = int(patch_size or model.patch_size)
@@ -405,8 +458,13 @@ def segment_large(model: GlobalLocalNet, image, *, patch_size: int | None = None
         nonlocal done_rows
         part = rows.pop_until(until)
         if part is not None:
-            labels[done_rows:done_rows + part.shape[1]] = part.argmax(0).to(torch.uint8).cpu().numpy()
-            done_rows += part.shape[1]
+            n = part.shape[1]
+            band = np.empty((n, width), np.uint8)
+            for a in range(0, n, 32):       # argmax's int64 result 32 rows at a time
+                band[a:a + 32] = part[:, a:a + 32].argmax(0).to(torch.uint8).cpu().numpy()
+            del part
+            labels[done_rows:done_rows + n] = band
+            done_rows += n
 
     row_starts = sorted({b[0] for b in grid})
     done = 0

@@ -226,8 +226,13 @@ class Stitcher:
             return np.zeros((self.height, self.width), dtype=bool)
         return self.count > 0
 
-    def result(self):
+    def result(self, rows: int | None = None):
         """(C, H, W) combined output; pixels no patch covered are 0.
+
+        Parameters
+        ----------
+        rows : int, optional
+            Only the first ``rows`` rows: (C, rows, W).
 
         Raises
         ------
@@ -236,13 +241,15 @@ class Stitcher:
         """
         if self.acc is None:
             raise ValueError("no patch outputs were added; call add(outputs, boxes) first")
+        n = self.height if rows is None else max(0, min(int(rows), self.height))
+        acc, count = self.acc[:, :n], self.count[:n]
         if self.mode == "average":
-            return self.acc / self.count.clip(min=1)[None]
-        covered = self.count > 0
-        if _is_torch(self.acc):
+            return acc / count.clip(min=1)[None]
+        covered = count > 0
+        if _is_torch(acc):
             import torch
-            return torch.where(covered[None], self.acc, torch.zeros_like(self.acc))
-        return np.where(covered[None], self.acc, 0)
+            return torch.where(covered[None], acc, torch.zeros_like(acc))
+        return np.where(covered[None], acc, 0)
 
 
 def stitch(patch_outputs, boxes: Sequence[tuple[int, int, int, int]], height: int, width: int, *,
@@ -315,7 +322,8 @@ class RowStitcher:
         """Finish rows ``[top, row)`` and return their (C, row - top, W) output.
 
         ``row`` may be at most ``top + band``; pass ``height`` at the end.  Returns ``None``
-        when ``row <= top``.
+        when ``row <= top``.  The band's buffers are reused: the rows still open move to
+        its top in place, so sliding the band allocates only the returned rows.
         """
         row = min(int(row), self.height)
         if row <= self.top:
@@ -325,13 +333,22 @@ class RowStitcher:
                              "pop rows before adding patches further down")
         cur = self._current
         n = row - self.top
-        done = cur.result()[:, :n]
+        done = cur.result(n)
         new_top = row
-        nxt = Stitcher(min(self.band, self.height - new_top) or 1, self.width, mode=self.mode, row_offset=new_top)
-        if cur.acc is not None and new_top < self.height:
-            keep = min(cur.height - n, nxt.height)
-            nxt._allocate(cur.acc[None, :, :1, :1])
-            nxt.acc[:, :keep] = cur.acc[:, n:n + keep]
-            nxt.count[:keep] = cur.count[n:n + keep]
-        self._current, self.top = nxt, new_top
+        new_height = min(self.band, self.height - new_top)
+        if new_height < 1:                              # everything is finished
+            self._current, self.top = Stitcher(1, self.width, mode=self.mode, row_offset=new_top), new_top
+            return done
+        keep = min(cur.height - n, new_height)
+        fill = 0.0 if self.mode == "average" else -np.inf
+        kept_acc, kept_count = cur.acc[:, n:n + keep], cur.count[n:n + keep]
+        kept_acc = kept_acc.clone() if _is_torch(kept_acc) else kept_acc.copy()
+        kept_count = kept_count.clone() if _is_torch(kept_count) else kept_count.copy()
+        acc, count = cur.acc[:, :new_height], cur.count[:new_height]
+        acc[:, :keep] = kept_acc
+        acc[:, keep:] = fill
+        count[:keep] = kept_count
+        count[keep:] = 0
+        cur.acc, cur.count, cur.height, cur.row_offset = acc, count, new_height, new_top
+        self.top = new_top
         return done

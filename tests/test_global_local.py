@@ -174,3 +174,122 @@ def test_segment_large_streams_zarr_input_and_output(tmp_path):
     np.testing.assert_array_equal(dst[:], segment_large(model, image, overlap=4, batch=2))
     with pytest.raises(ValueError, match="out must be"):
         segment_large(model, image, out=np.zeros((45, 70), np.uint8))
+
+
+# ---------------------------------------------------------------------------- inside the WSSS rounds
+def test_forward_with_coarse_and_boxes_is_forward_patches():
+    model = _tiny()
+    patches, coarse = torch.randn(3, 3, 32, 32), torch.randn(3, 3, 32, 32)
+    boxes = torch.tensor([[0, 0, 16, 16], [4.5, 2.0, 20.5, 18.0], [0, 0, 32, 32.0]])
+    with torch.no_grad():
+        got = model(patches, coarse, boxes)
+        want = model.forward_patches(patches, coarse, torch.cat([torch.arange(3.0)[:, None], boxes], 1))
+    torch.testing.assert_close(got, want)
+    assert model.needs_global_context and not _tiny(use_global=False).needs_global_context
+    with pytest.raises(ValueError, match="both"):
+        model(patches, coarse)
+
+
+def _position_image(h, w):
+    """R encodes the column, G the row: every crop is recognisable."""
+    yy, xx = np.mgrid[:h, :w]
+    return np.stack([xx * 255 // (w - 1), yy * 255 // (h - 1), np.full((h, w), 128)], -1).astype(np.uint8)
+
+
+@pytest.mark.parametrize("flip", [False, True])
+def test_context_sample_crop_coarse_and_box(flip):
+    from models.global_local import coarse_input
+    from models.roi_align import roi_align
+    from tasks.training import Augment, context_sample, to_input
+
+    image = _position_image(100, 150)
+    edge = (np.random.default_rng(0).random((100, 150)) < 0.2).astype(np.uint8)
+    label = np.random.default_rng(1).integers(0, 3, (100, 150), dtype=np.uint8)
+    aug = Augment(crop=32, scale=(1.0, 1.0), flip=True, jitter=0.0)
+    # find a seed whose draw flips (or not) as asked
+    for seed in range(50):
+        inputs, target = context_sample(np.random.default_rng(seed), image, edge, label, aug)
+        flipped = inputs["x"][0, 0, 0] > inputs["x"][0, 0, -1]     # R decreases to the right
+        if bool(flipped) == flip:
+            break
+    sl = (slice(None), slice(None, None, -1)) if flip else (slice(None), slice(None))
+    img, edg, lab = image[sl], edge[sl], label[sl]
+    whole = torch.from_numpy(to_input(img, edg))
+    x1, y1, x2, y2 = inputs["boxes"].tolist()
+    x0, y0 = round(x1 * 150 / 32), round(y1 * 100 / 32)
+    assert (x2 - x1, y2 - y1) == pytest.approx((32 * 32 / 150, 32 * 32 / 100))
+    torch.testing.assert_close(inputs["x"], whole[:, y0:y0 + 32, x0:x0 + 32])
+    np.testing.assert_array_equal(target, lab[y0:y0 + 32, x0:x0 + 32])
+    torch.testing.assert_close(inputs["coarse"], coarse_input(whole[None], 32)[0])
+    assert inputs["x"].shape == inputs["coarse"].shape == (4, 32, 32)
+    # the box cuts the crop's own region out of the coarse image: ROIAlign ~ the crop, shrunk
+    region = roi_align(inputs["coarse"][None, :2], torch.tensor([[0.0, x1, y1, x2, y2]]), (8, 8), aligned=True)
+    shrunk = torch.nn.functional.adaptive_avg_pool2d(inputs["x"][None, :2], (8, 8))
+    assert (region - shrunk).abs().max() < 0.15
+
+
+def test_context_sample_pads_small_images():
+    from tasks.training import Augment, context_sample
+
+    image = _position_image(20, 30)
+    inputs, target = context_sample(np.random.default_rng(0), image, None, np.ones((20, 30), np.uint8),
+                                    Augment(crop=32, scale=(1.0, 1.0), flip=False, jitter=0.0))
+    assert inputs["x"].shape == (3, 32, 32)
+    assert (inputs["x"][:, 20:] == 0).all() and (inputs["x"][:, :, 30:] == 0).all()   # zero-padded as forward() does
+    assert (target[:20, :30] == 1).all() and (target[20:] == 255).all() and (target[:, 30:] == 255).all()
+    torch.testing.assert_close(inputs["boxes"], torch.tensor([0.0, 0.0, 32 * 32 / 30, 32 * 32 / 20]))
+
+
+def test_context_dataset_trains_global_local_through_fit(tmp_path):
+    from tasks.training import Augment, ContextDataset, TrainConfig, fit, predict_probs, segmentation_loss
+
+    rng = np.random.default_rng(0)
+    samples = []
+    for i in range(4):
+        image = rng.integers(60, 90, (70, 90, 3)).astype(np.uint8)
+        label = np.zeros((70, 90), np.uint8)
+        label[10 + 10 * i:20 + 10 * i] = 1
+        image[label == 1] = 220
+        samples.append((image, (label == 1).astype(np.uint8), label))
+    ds = ContextDataset(4, samples.__getitem__, Augment(crop=32, scale=(0.9, 1.1)), seed=0, with_edge=True)
+    inputs, y = ds[0]
+    assert set(inputs) == {"x", "coarse", "boxes"} and inputs["x"].shape == (4, 32, 32) and y.shape == (32, 32)
+    torch.manual_seed(0)
+    model = global_local(2, in_channels=4, patch_size=32, width=8, blocks=(1, 1))
+    res = fit(model, ds, segmentation_loss(), TrainConfig(epochs=40, batch_size=2, lr=1e-2, device="cpu",
+                                                          num_workers=0, patience=40))
+    losses = [h["loss"] for h in res.history]
+    assert res.epochs_run == 40 and np.mean(losses[-3:]) < 0.5 * np.mean(losses[:3]), losses
+    # inference on a whole image larger than a patch: patches + coarse image, 4 input channels
+    image, edge, label = samples[1]
+    prob = predict_probs(model.eval(), image, edge)
+    assert prob.shape == (2, 70, 90)
+    np.testing.assert_allclose(prob.sum(0), 1.0, atol=1e-5)
+    pred = prob.argmax(0)
+    iou = ((pred == 1) & (label == 1)).sum() / ((pred == 1) | (label == 1)).sum()
+    assert iou > 0.5, iou
+
+
+def test_four_channel_inference_sees_the_whole_image():
+    from tasks.training import predict_probs
+
+    model = global_local(3, in_channels=4, patch_size=32, width=8, blocks=(1, 1), overlap=4).eval()
+    rng = np.random.default_rng(0)
+    image = rng.integers(0, 256, (64, 96, 3), dtype=np.uint8)
+    edge = (rng.random((64, 96)) < 0.3).astype(np.uint8)
+    a = predict_probs(model, image, edge, flip=False)
+    far = image.copy()
+    far[32:] = 255 - far[32:]                   # change only pixels the top-left patch (rows, columns < 32)
+    far[:, 32:] = 255 - far[:, 32:]             # does not hold; the rest of the image is covered by others
+    b = predict_probs(model, far, edge, flip=False)
+    assert np.abs(a[:, :28, :28] - b[:, :28, :28]).max() > 1e-6       # it sees them through the coarse image
+    no_ctx = global_local(3, in_channels=4, patch_size=32, width=8, blocks=(1, 1), overlap=4, use_global=False).eval()
+    np.testing.assert_array_equal(predict_probs(no_ctx, image, edge, flip=False)[:, :28, :28],
+                                  predict_probs(no_ctx, far, edge, flip=False)[:, :28, :28])
+    # segment_large takes the same 4-channel input (RGB + 0/255 edge map, edge normalised to edge - 0.5)
+    from models.global_local import IMAGENET_MEAN, IMAGENET_STD
+    four = np.concatenate([image, edge[..., None] * 255], -1).astype(np.uint8)
+    labels = segment_large(model, four, overlap=4, mean=IMAGENET_MEAN + (0.5,), std=IMAGENET_STD + (1.0,))
+    assert labels.shape == (64, 96)
+    with pytest.raises(ValueError, match="channels"):
+        segment_large(model, image)

@@ -15,7 +15,7 @@ torch.set_num_threads(1)
 
 
 def _synthetic_hrf(root, n=4, size=(64, 96)):
-    """HRF layout: bright 'vessels' (lines) on a dark disc; 255 outside the disc."""
+    """HRF layout: dark 'vessels' (lines) on a reddish disc; black and mask 255 outside the disc."""
     (root / "images").mkdir(parents=True)
     (root / "masks").mkdir()
     h, w = size
@@ -31,7 +31,7 @@ def _synthetic_hrf(root, n=4, size=(64, 96)):
             c = rng.integers(4, w - 4)
             mask[:, c:c + 2] = 1
         image = np.full((h, w, 3), (120, 40, 20), np.uint8)
-        image[mask == 1] = (40, 10, 5)
+        image[mask == 1] = (75, 20, 10)       # darker than the retina, brighter than the surround
         mask[~fov] = 255
         image[~fov] = 0
         image_id = f"{i + 1:02d}_{kind}"
@@ -110,25 +110,122 @@ def test_bench_and_segment_end_to_end(tmp_path, monkeypatch):
         assert 0.0 <= saved[key] <= 1.0
     assert saved["peak_mem_mb_1x"] > 50 and saved["peak_mem_ratio_2x"] == pytest.approx(
         saved["peak_mem_mb_2x"] / saved["peak_mem_mb_1x"], rel=1e-3)
-    assert saved["probe_size_2x"] == [64, 96] and saved["eval_ids"] == ["03_dr"]
+    # the probes ran `segment` on the original file (64x96, worked at scale 0.5) and on a JPEG of twice its side
+    assert saved["probe_sizes"] == {"1x": {"image": [64, 96], "working": [32, 48]},
+                                    "2x": {"image": [128, 192], "working": [64, 96]}}
+    assert saved["eval_ids"] == ["03_dr"] and 0.6 < saved["probe_fov_share"] < 0.9, saved["probe_fov_share"]
     overlay = cv2.imread(str(out.with_name("highres_overlay.png")))
     assert overlay is not None and overlay.shape[1] == 3 * 1200
     assert any("vessel IoU" in line for line in logs)
 
-    # segment with the saved checkpoint; force the Zarr path with a tiny threshold
+    # segment with the saved checkpoint; force the Zarr output and the on-disk working image with tiny thresholds
     import zarr
     monkeypatch.setattr(hr, "LARGE_OUTPUT_PIXELS", 1000)
     images = [tmp_path / "hrf" / "images" / f"{i}.jpg" for i in ids[:2]]
-    pngs = hr.segment(images, out.with_name("highres_global_local.pt"), tmp_path / "seg", batch=3, log=logs.append)
-    for png in pngs:
+    ckpt = out.with_name("highres_global_local.pt")
+    stats = []
+    pngs = hr.segment(images, ckpt, tmp_path / "seg", batch=3, log=logs.append, stats=stats)
+    for png, st in zip(pngs, stats):
         with Image.open(png) as im:
             assert im.mode == "P" and im.size == (96, 64)
             labels = np.array(im)
         assert set(np.unique(labels)) <= {0, 1}
         np.testing.assert_array_equal(zarr.open_array(str(png.with_suffix(".zarr")), mode="r")[:], labels)
+        # the synthetic images are black outside an ellipse: found as field of view, class 0 outside it
+        assert st["fov_found"] and 0.6 < st["fov_share"] < 0.9
+        np.testing.assert_allclose(st["class_shares"], np.bincount(labels.ravel(), minlength=2) / labels.size)
+        yy, xx = np.mgrid[:64, :96]
+        outside = (yy - 32) ** 2 / 32 ** 2 + (xx - 48) ** 2 / 48 ** 2 > 1.25
+        assert (labels[outside] == 0).all()
     assert sum("[2/2]" in line for line in logs) == 1
+    assert not list((tmp_path / "seg").glob(".*"))              # temporary working arrays are gone
+    monkeypatch.setattr(hr, "SPILL_PIXELS", 100)
+    spilled = hr.segment(images, ckpt, tmp_path / "seg_spilled", batch=3, log=logs.append)
+    for a, b in zip(pngs, spilled):
+        np.testing.assert_array_equal(np.array(Image.open(a)), np.array(Image.open(b)))
+    # --fov none keeps every pixel's prediction
+    kept = hr.segment(images[:1], ckpt, tmp_path / "seg_nofov", fov="none", log=logs.append)
+    whole = np.array(Image.open(kept[0]))
+    inside = ~outside
+    np.testing.assert_array_equal(whole[inside], np.array(Image.open(spilled[0]))[inside])
     with pytest.raises(ValueError, match="not found"):
-        hr.segment([tmp_path / "nope.jpg"], out.with_name("highres_global_local.pt"), tmp_path / "seg")
+        hr.segment([tmp_path / "nope.jpg"], ckpt, tmp_path / "seg")
+    with pytest.raises(ValueError, match="fov"):
+        hr.segment(images[:1], ckpt, tmp_path / "seg", fov="maybe")
+
+    # --model accepts the bench's JSON, its folder, and a `wsseg train` run directory
+    assert hr.resolve_checkpoint(out) == ckpt and hr.resolve_checkpoint(out.parent) == ckpt
+    run = tmp_path / "run"
+    (run / "rounds" / "r001").mkdir(parents=True)
+    (run / "rounds" / "r001" / "model.pt").write_bytes(ckpt.read_bytes())
+    (run / "summary.json").write_text(json.dumps({"final_model": "/moved/away/rounds/r001/model.pt"}))
+    assert hr.resolve_checkpoint(run) == run / "rounds" / "r001" / "model.pt"      # run dir moved: found under it
+    assert hr.resolve_checkpoint(run / "summary.json") == run / "rounds" / "r001" / "model.pt"
+    from flows.cli import main
+    assert main(["segment", str(images[0]), "--model", str(run), "--out", str(tmp_path / "seg_cli"),
+                 "--threads", "1"]) == 0
+    np.testing.assert_array_equal(np.array(Image.open(tmp_path / "seg_cli" / f"{ids[0]}.png")),
+                                  np.array(Image.open(pngs[0])))
+
+
+def test_resolve_checkpoint_errors_name_the_path(tmp_path):
+    with pytest.raises(ValueError, match=r"nowhere.*no such file"):
+        hr.resolve_checkpoint(tmp_path / "nowhere")
+    (tmp_path / "empty").mkdir()
+    with pytest.raises(ValueError, match=r"empty: no checkpoint found.*summary\.json.*_global_local\.pt"):
+        hr.resolve_checkpoint(tmp_path / "empty")
+    (tmp_path / "two").mkdir()
+    for name in ("a_global_local.pt", "b_global_local.pt"):
+        (tmp_path / "two" / name).write_bytes(b"")
+    with pytest.raises(ValueError, match=r"two: several.*a_global_local\.pt, b_global_local\.pt"):
+        hr.resolve_checkpoint(tmp_path / "two")
+    (tmp_path / "run").mkdir()
+    (tmp_path / "run" / "summary.json").write_text(json.dumps({"final_model": str(tmp_path / "gone" / "model.pt")}))
+    with pytest.raises(ValueError, match=r"summary\.json: final_model .*gone.*not found"):
+        hr.resolve_checkpoint(tmp_path / "run")
+    (tmp_path / "b.json").write_text("{}")
+    with pytest.raises(ValueError, match=r"b\.json: no checkpoint b_global_local\.pt beside it"):
+        hr.resolve_checkpoint(tmp_path / "b.json")
+
+
+def test_write_palette_png_streams_bands_and_checks_rows(tmp_path):
+    rng = np.random.default_rng(0)
+    labels = rng.integers(0, 21, (37, 53), dtype=np.uint8)
+    palette = hr._palette(21)
+    hr.write_palette_png(tmp_path / "a.png", 37, 53, (labels[i:i + 10] for i in range(0, 37, 10)), palette)
+    with Image.open(tmp_path / "a.png") as im:
+        assert im.mode == "P" and im.size == (53, 37)
+        np.testing.assert_array_equal(np.array(im), labels)
+        assert im.getpalette()[:63] == palette[:63]
+    with pytest.raises(ValueError, match="bands hold 30 rows, expected 37"):
+        hr.write_palette_png(tmp_path / "b.png", 37, 53, (labels[i:i + 10] for i in range(0, 30, 10)), palette)
+    with pytest.raises(ValueError, match=r"bands must be \(n, 53\) uint8"):
+        hr.write_palette_png(tmp_path / "c.png", 37, 53, [labels[:, :50]], palette)
+    assert not (tmp_path / "b.png").exists() and not (tmp_path / "c.png").exists()
+
+
+def test_upsampled_class_shares_equal_counts_of_the_upsampled_map():
+    rng = np.random.default_rng(1)
+    small = rng.integers(0, 4, (13, 17), dtype=np.uint8)
+    for height, width in ((13, 17), (40, 29), (101, 170)):
+        want = np.bincount(hr.upsample_labels(small, height, width).ravel(), minlength=4) / (height * width)
+        np.testing.assert_allclose(hr.upsampled_class_shares(small, height, width, 4, band=5), want, atol=1e-12)
+
+
+def test_read_image_reduced_decode_matches_full_decode(tmp_path):
+    rng = np.random.default_rng(2)
+    image = cv2.GaussianBlur(rng.integers(0, 256, (120, 200, 3), dtype=np.uint8), (9, 9), 3)
+    path = tmp_path / "x.jpg"
+    cv2.imwrite(str(path), image[..., ::-1], [cv2.IMWRITE_JPEG_QUALITY, 98])
+    full = hr.read_image(path)
+    np.testing.assert_allclose(full.astype(float), image, atol=12)         # RGB order kept
+    for scale in (0.5, 0.3, 0.2):
+        got = hr.read_image(path, scale)
+        want = cv2.resize(full, (round(200 * scale), round(120 * scale)), interpolation=cv2.INTER_AREA)
+        assert got.shape == want.shape
+        assert np.abs(got.astype(int) - want).mean() < 3
+    with pytest.raises(ValueError, match="scale"):
+        hr.read_image(path, 1.5)
 
 
 def test_parsers_register_commands():
@@ -137,8 +234,21 @@ def test_parsers_register_commands():
     hr.add_segment_parser(sub)
     bench = sub.add_parser("bench").add_subparsers(dest="bench")
     hr.add_bench_highres_parser(bench)
-    a = parser.parse_args(["segment", "x.jpg", "y.jpg", "--checkpoint", "m.pt", "--out-dir", "o", "--overlap", "8"])
+    # the names of the issue ...
+    a = parser.parse_args(["segment", "x.jpg", "y.jpg", "--model", "runs/r", "--out", "o", "--overlap", "8"])
     assert a.func is hr._segment_main and a.inputs == ["x.jpg", "y.jpg"] and a.overlap == 8
-    b = parser.parse_args(["bench", "highres", "--data-dir", "d", "--out-json", "r.json", "--steps", "5"])
-    assert b.func is hr._bench_main and b.steps == 5 and b.patch_size == 256
-    assert "global-local" in sub.choices["segment"].format_help()
+    assert (a.model, a.out, a.fov) == ("runs/r", "o", "auto")
+    b = parser.parse_args(["bench", "highres", "--data", "d", "--split", "val", "--out", "r.json", "--steps", "5"])
+    assert b.func is hr._bench_main
+    assert (b.data, b.split, b.out, b.steps, b.patch_size) == ("d", "val", "r.json", 5, 256)
+    # ... and the earlier ones, as aliases
+    a = parser.parse_args(["segment", "x.jpg", "--checkpoint", "m.pt", "--out-dir", "o2", "--fov", "none"])
+    assert (a.model, a.out, a.fov) == ("m.pt", "o2", "none")
+    b = parser.parse_args(["bench", "highres", "--data-dir", "d2", "--out-json", "r2.json"])
+    assert (b.data, b.out) == ("d2", "r2.json")
+    with pytest.raises(SystemExit):
+        parser.parse_args(["segment", "x.jpg", "--out", "o"])                  # a model is required
+    with pytest.raises(SystemExit):
+        parser.parse_args(["segment", "x.jpg", "--model", "m.pt", "--out", "o", "--fov", "sometimes"])
+    help_text = sub.choices["segment"].format_help()
+    assert "global-local" in help_text and "--checkpoint" in help_text and "--out-dir" in help_text
