@@ -297,8 +297,13 @@ def train_round_segmenter(run_dir: str, r: int, records: list[ImageRecord], key:
     if init is not None and init.exists() and s.finetune:
         prev, _ = models.load_checkpoint(init)
         model.load_state_dict(prev.state_dict())
-    ds = tr.StoreDataset(len(records), LabelLoader(run_dir, records, key, label_round),
-                         tr.Augment(crop=s.crop), seed=cfg.seed + r, with_edge=s.use_edges)
+    if getattr(model, "needs_global_context", False):
+        # global-local: crops of the network's patch size, each with its whole image's coarse view and box
+        ds = tr.ContextDataset(len(records), LabelLoader(run_dir, records, key, label_round),
+                               tr.Augment(crop=model.patch_size), seed=cfg.seed + r, with_edge=s.use_edges)
+    else:
+        ds = tr.StoreDataset(len(records), LabelLoader(run_dir, records, key, label_round),
+                             tr.Augment(crop=s.crop), seed=cfg.seed + r, with_edge=s.use_edges)
     epochs = max(s.epochs, -(-s.min_steps // max(1, len(records) // s.batch_size)))
     tcfg = tr.TrainConfig(epochs=epochs, batch_size=s.batch_size, lr=s.lr, crop=s.crop, seed=cfg.seed + r,
                           device=cfg.device, max_seconds=s.max_seconds, patience=s.patience,

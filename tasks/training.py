@@ -5,6 +5,9 @@
   an interruption; stops on the epoch budget, a time budget or a loss plateau.
 * ``train_classifier``: the multi-label image classifier (binary cross-entropy on the tags)
   whose class activation maps are round 0's preliminary result.
+* ``ContextDataset`` (:func:`context_sample`): crops that carry their whole image's coarse
+  view and box, for networks that need global context (``needs_global_context``, the
+  global-local network); ``train_step`` passes such batches as keyword inputs.
 * ``predict_probs`` / ``class_activation_maps``: inference on one image.
 
 The device is chosen automatically (CUDA, then CPU); on CUDA the step runs under bfloat16
@@ -144,6 +147,87 @@ class StoreDataset(Dataset):
         return x, torch.from_numpy(np.asarray(target, np.float32))
 
 
+def context_sample(rng: np.random.Generator, image: np.ndarray, edge: np.ndarray | None, label: np.ndarray,
+                   augment: Augment) -> tuple[dict, np.ndarray]:
+    """A training crop with the global context of its whole image (global-local networks).
+
+    The whole image (and edge map and label map) is scaled by a random factor in
+    ``augment.scale`` and flipped horizontally at random; a brightness/contrast jitter is
+    applied to all of it.  Then
+
+    * ``x``: a random ``augment.crop`` square of it as network input (:func:`to_input`),
+      zero-padded in input space where the image is smaller, as
+      :meth:`models.global_local.GlobalLocalNet.forward` pads patches at inference;
+    * ``coarse``: the whole scaled image as network input, resized to ``augment.crop``
+      square by :func:`models.global_local.coarse_input` (what ``forward`` computes at
+      inference);
+    * ``boxes``: the crop's ``[x1, y1, x2, y2]`` in coarse-image pixels (the crop's pixel
+      box scaled by ``crop / W`` and ``crop / H``, as
+      :func:`models.global_local.patch_boxes_in_coarse`);
+    * the label crop, padded with ignore (255).
+
+    Returns
+    -------
+    inputs : dict
+        ``{"x": (C, p, p), "coarse": (C, p, p), "boxes": (4,)}`` float32 tensors, ``p =
+        augment.crop``.
+    label : (p, p) uint8
+    """
+    from models.global_local import coarse_input
+
+    p = augment.crop
+    s = rng.uniform(*augment.scale)
+    h, w = image.shape[:2]
+    nh, nw = max(8, int(round(h * s))), max(8, int(round(w * s)))
+    image = cv2.resize(image, (nw, nh), interpolation=cv2.INTER_LINEAR)
+    edge = cv2.resize(edge, (nw, nh), interpolation=cv2.INTER_NEAREST) if edge is not None else None
+    label = cv2.resize(label, (nw, nh), interpolation=cv2.INTER_NEAREST)
+    if augment.flip and rng.random() < 0.5:
+        image, label = image[:, ::-1], label[:, ::-1]
+        edge = edge[:, ::-1] if edge is not None else None
+    if augment.jitter:
+        a = 1.0 + rng.uniform(-augment.jitter, augment.jitter)
+        b = 255 * rng.uniform(-augment.jitter, augment.jitter) / 2
+        image = np.clip(image.astype(np.float32) * a + b, 0, 255).astype(np.uint8)
+    whole = torch.from_numpy(to_input(image, edge))
+    coarse = coarse_input(whole[None], p)[0]
+    y0 = int(rng.integers(0, max(nh - p, 0) + 1))
+    x0 = int(rng.integers(0, max(nw - p, 0) + 1))
+    ch, cw = min(p, nh - y0), min(p, nw - x0)
+    x = torch.zeros((whole.shape[0], p, p), dtype=torch.float32)
+    x[:, :ch, :cw] = whole[:, y0:y0 + ch, x0:x0 + cw]
+    target = np.full((p, p), IGNORE, np.uint8)
+    target[:ch, :cw] = label[y0:y0 + ch, x0:x0 + cw]
+    boxes = torch.tensor([x0 * p / nw, y0 * p / nh, (x0 + p) * p / nw, (y0 + p) * p / nh], dtype=torch.float32)
+    return {"x": x, "coarse": coarse.contiguous(), "boxes": boxes}, target
+
+
+class ContextDataset(StoreDataset):
+    """Training samples for networks that see the whole image beside each crop.
+
+    Like :class:`StoreDataset` (same loader, seeding and epochs), but each sample is
+    :func:`context_sample`'s ``({"x", "coarse", "boxes"}, label)``: the crop, its whole
+    image's coarse view and its box.  ``augment.crop`` is the network's patch size, which
+    is also the side of the coarse image.  :func:`train_step` calls the network as
+    ``model(x=..., coarse=..., boxes=...)``.
+    """
+
+    def __init__(self, n: int, load: Callable[[int], tuple], augment: Augment, seed: int = 0,
+                 with_edge: bool = True):
+        if augment is None:
+            raise ValueError("ContextDataset needs an Augment (its crop is the network's patch size)")
+        super().__init__(n, load, augment, seed=seed, with_edge=with_edge)
+
+    def __getitem__(self, key: int | tuple[int, int]):
+        epoch, i = key if isinstance(key, tuple) else (self.epoch, key)
+        image, edge, target = self.load(i)
+        if target.ndim != 2:
+            raise ValueError(f"ContextDataset needs (H, W) label maps, sample {i} has shape {target.shape}")
+        rng = np.random.default_rng((self.seed, epoch, i))
+        inputs, label = context_sample(rng, image, edge if self.with_edge else None, target, self.augment)
+        return inputs, torch.from_numpy(label.astype(np.int64))
+
+
 # ---------------------------------------------------------------------------- training
 @dataclass
 class TrainConfig:
@@ -204,14 +288,30 @@ def _loader(ds: StoreDataset, cfg: TrainConfig, device: torch.device, start_epoc
                       prefetch_factor=4 if workers else None)
 
 
-def train_step(model: nn.Module, opt: torch.optim.Optimizer, sched, loss_fn: Callable, x: torch.Tensor,
+def _to_device(x, device: torch.device, fmt: torch.memory_format):
+    """A batch tensor, or a dict of them (keyword inputs), on ``device``; 4-D tensors in ``fmt``."""
+    if isinstance(x, dict):
+        return {k: _to_device(v, device, fmt) for k, v in x.items()}
+    x = x.to(device, non_blocking=True)
+    return x.to(memory_format=fmt) if x.ndim == 4 else x
+
+
+def batch_size_of(x) -> int:
+    """Samples in a batch: a tensor's first dimension, or that of a dict's first tensor."""
+    return len(next(iter(x.values()))) if isinstance(x, dict) else len(x)
+
+
+def train_step(model: nn.Module, opt: torch.optim.Optimizer, sched, loss_fn: Callable, x: torch.Tensor | dict,
                y: torch.Tensor, *, device: torch.device, fmt: torch.memory_format, amp: bool) -> torch.Tensor:
     """One optimiser step on a batch (bf16 autocast when ``amp``); returns the detached loss.
-    The schedule stops stepping at its last step, so resumed or extended loops stay valid."""
-    x = x.to(device, non_blocking=True).to(memory_format=fmt)
+    ``x`` is the network's input, or a dict of keyword inputs (``model(**x)``, e.g. a
+    :class:`ContextDataset` batch). The schedule stops stepping at its last step, so resumed
+    or extended loops stay valid."""
+    x = _to_device(x, device, fmt)
     y = y.to(device, non_blocking=True)
     with torch.autocast(device_type=device.type, dtype=torch.bfloat16, enabled=amp):
-        loss = loss_fn(model(x).float(), y)
+        out = model(**x) if isinstance(x, dict) else model(x)
+        loss = loss_fn(out.float(), y)
     opt.zero_grad(set_to_none=True)
     loss.backward()
     opt.step()
@@ -271,9 +371,10 @@ def fit(model: nn.Module, ds: StoreDataset, loss_fn: Callable, cfg: TrainConfig,
             t_got = time.perf_counter()
             wait += t_got - t_ready
             loss = train_step(model, opt, sched, loss_fn, x, y, device=device, fmt=fmt, amp=amp)
-            total += float(loss) * len(x)
-            count += len(x)
-            n_images += len(x)
+            n = batch_size_of(x)
+            total += float(loss) * n
+            count += n
+            n_images += n
             t_ready = time.perf_counter()
             busy += t_ready - t_got
         mean_loss = total / max(count, 1)
