@@ -8,7 +8,7 @@ from __future__ import annotations
 import importlib
 import os
 
-os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")  # before torch loads OpenMP: see flows/__init__.py
+os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")  # before torch loads OpenMP: see tasks/__init__.py
 from typing import Callable
 
 from torch import nn

@@ -51,3 +51,15 @@ def prefect_harness():
 
     with prefect_test_harness(server_startup_timeout=180):
         yield
+
+
+@pytest.fixture
+def one_torch_thread():
+    """Torch on one thread for the test: training is then bit-reproducible, so comparisons of
+    trained results cannot flip between runs."""
+    import torch
+
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)

@@ -44,17 +44,10 @@ def test_ingest_reports_bad_files_and_writes_nothing(tmp_path, prefect_harness, 
     assert s["images"] == 1 and s["skipped"] == 1
 
 
-def test_train_wsss_end_to_end(tmp_path, prefect_harness, cluster):
+def test_train_wsss_end_to_end(tmp_path, prefect_harness, cluster, one_torch_thread):
     import mlflow
-    import torch
 
-    # one thread: training is then bit-reproducible, so this comparison cannot flip between runs
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    try:
-        _end_to_end(tmp_path, cluster, mlflow)
-    finally:
-        torch.set_num_threads(threads)
+    _end_to_end(tmp_path, cluster, mlflow)
 
 
 def _end_to_end(tmp_path, cluster, mlflow):

@@ -8,15 +8,9 @@ from conftest import copy_sample
 from test_flows import E2E_IDS, cluster  # noqa: F401  (the two-worker Dask cluster fixture)
 
 
-def test_train_wsss_with_global_local_segmenter(tmp_path, prefect_harness, cluster, monkeypatch):  # noqa: F811
-    import torch
-
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    try:
-        _rounds_with_global_local(tmp_path, cluster, monkeypatch)
-    finally:
-        torch.set_num_threads(threads)
+def test_train_wsss_with_global_local_segmenter(tmp_path, prefect_harness, cluster, monkeypatch,  # noqa: F811
+                                                one_torch_thread):
+    _rounds_with_global_local(tmp_path, cluster, monkeypatch)
 
 
 def _rounds_with_global_local(tmp_path, cluster, monkeypatch):  # noqa: F811
