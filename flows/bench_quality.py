@@ -13,7 +13,8 @@ One command, one Prefect flow run, one Dask cluster:
 5. ``FILE.json``, a markdown table ``FILE.md`` and an overlay figure ``FILE.png``;
 6. with ``--ablate``: one variant per switched-off part of the method, each in
    ``RUN/ablate-<name>/`` sharing the corpus, feature cache, image classifier and round 0's
-   CAMs of the main run, reporting its final pseudo-label mIoU;
+   CAMs of the main run; each runs ``--ablate-rounds`` label-only rounds (no model after the
+   last) and reports its pseudo-label mIoU beside the main run's at the same round;
 7. with ``--compare-models``: each named network (and the configured one) trained from scratch
    on the final round's pseudo-labels and, separately, on the masks, for the same wall-time
    budget (``--compare-seconds``, turned into epochs from each network's measured speed so
@@ -184,14 +185,21 @@ def ablation_variants(config) -> dict[str, dict]:
                                 "overrides": {"proposals.seed_prior_weight": 0.0}}
     if config.prior_weight > 0 and config.max_rounds > 1:
         out["no_round_prior"] = {"what": "rounds >= 1 use model r-1 alone as the preliminary result (no CAM prior)",
-                                 "overrides": {"prior_weight": 0.0}}
+                                 "overrides": {"prior_weight": 0.0}, "from_round": 1}
+    if config.prelim_normalize and config.max_rounds > 1:
+        out["no_prelim_normalize"] = {"what": "rounds >= 1 take model r-1's probabilities as they are (no per-class "
+                                              "max normalisation)",
+                                      "overrides": {"prelim_normalize": False}, "from_round": 1}
+    if config.segmentation.class_balance > 0:
+        out["no_class_balance"] = {"what": "segmenter trained with unweighted cross-entropy",
+                                   "overrides": {"segmentation.class_balance": 0.0}, "from_round": 1}
     for s in ("grabcut", "random_walker", "none"):
         if s != p.seeding:
             out[f"seeding_{s}"] = {"what": f"seeded segmentation {s} instead of {p.seeding}",
                                    "overrides": {"proposals.seeding": s}}
     if config.segmentation.use_edges:
         out["no_edges"] = {"what": "edge-feature channel off (3-channel segmenter)",
-                           "overrides": {"segmentation.use_edges": False}}
+                           "overrides": {"segmentation.use_edges": False}, "from_round": 1}
     for m in ("skimage_slic", "felzenszwalb"):
         if m != f.superpixel_method:
             out[f"superpixel_{m}"] = {"what": f"superpixels {m} instead of {f.superpixel_method}",
@@ -322,13 +330,15 @@ def markdown_report(res: dict) -> str:
     lines += [f"| {c} | {_f(pc['cam'].get(c), 3)} | {_f(pc['cam_crf'].get(c), 3)} | {_f(pc['ours'].get(c), 3)} |"
               for c in names if any(pc[k].get(c) is not None for k in ("cam", "cam_crf", "ours"))]
     if res.get("ablations"):
-        lines += ["", f"## Ablations (final pseudo-label mIoU on {res['split']})", "",
+        ref_r = res.get("ablation_round", res["final_round"])
+        ref = res.get("ablation_reference_miou", res["pseudo_label_miou"])
+        lines += ["", f"## Ablations (pseudo-label mIoU of round {ref_r} on {res['split']})", "",
                   "| variant | what | mIoU | vs main |", "|---|---|---|---|",
-                  f"| main | as configured | {_f(res['pseudo_label_miou'])} | |"]
+                  f"| main | as configured | {_f(ref)} | |"]
         for name, a in res["ablations"].items():
             m = a.get("pseudo_label_miou")
             note = a.get("skipped") or a.get("error")
-            delta = "" if m is None or res["pseudo_label_miou"] is None else f"{m - res['pseudo_label_miou']:+.4f}"
+            delta = "" if m is None or ref is None else f"{m - ref:+.4f}"
             lines.append(f"| {name} | {a['what']}{' — ' + note if note else ''} | {_f(m)} | {delta} |")
     if res.get("model_comparison"):
         lines += ["", f"## Networks at the same budget (from scratch, evaluated on {res['eval_split']})", "",
@@ -382,7 +392,7 @@ def _link_shared(main: Path, variant: Path, main_cfg, vcfg) -> None:
 def _bench_flow(data: str, run_dir: str, config, address: str, eval_split: str | None = None,
                 ablate: list[str] | None = None, background: str | None = "auto",
                 crf: dict | None = None, compare: list[str] | None = None,
-                compare_seconds: float = 300.0) -> dict:
+                compare_seconds: float = 300.0, ablate_rounds: int = 1) -> dict:
     """Steps 1-7 of the module docstring; returns the result dict (without writing files)."""
     from flows.wsss import (compute_all_features, evaluate_sources, ingest, run_shards, runner, shards_of,
                             train_round_segmenter, train_wsss)
@@ -475,10 +485,15 @@ def _bench_flow(data: str, run_dir: str, config, address: str, eval_split: str |
         "final_model": str(final_model), "supervised_model": str(sup_path), "warnings": warnings,
     }
 
-    # 6. ablations: one variant per part, sharing corpus, cache, classifier and round-0 CAMs
+    # 6. ablations: one variant per part, sharing corpus, cache, classifier and round-0 CAMs; each
+    # runs ``ablate_rounds`` label-only rounds and is compared with the main run's same round
     if ablate is not None:
         t = time.perf_counter()
         variants = ablation_variants(config)
+        a_rounds = max(1, min(ablate_rounds, config.max_rounds))
+        ref_round = min(a_rounds - 1, final_r)
+        reference = next(r["pseudo_label_miou"] for r in rounds if int(r["round"]) == ref_round)
+        res["ablation_round"], res["ablation_reference_miou"] = ref_round, reference
         unknown = [a for a in ablate if a not in variants]
         if unknown:
             raise ValueError(f"unknown ablation(s) {', '.join(unknown)}; choose from {', '.join(variants)}")
@@ -487,6 +502,9 @@ def _bench_flow(data: str, run_dir: str, config, address: str, eval_split: str |
         for name, v in chosen.items():
             entry = {"what": v["what"], "overrides": v["overrides"]}
             res["ablations"][name] = entry
+            if "skip" not in v and v.get("from_round", 0) >= a_rounds:
+                v["skip"] = (f"acts from round {v['from_round']} on; pass --ablate-rounds {v['from_round'] + 1} "
+                             "or more to measure it")
             if "skip" in v:
                 entry["skipped"] = v["skip"]
                 print(f"  [ablate {name}] skipped: {v['skip']}", file=sys.stderr, flush=True)
@@ -494,12 +512,15 @@ def _bench_flow(data: str, run_dir: str, config, address: str, eval_split: str |
             vdir = run / f"ablate-{name}"
             tv = time.perf_counter()
             try:
-                vcfg = apply_overrides(config, v["overrides"])
+                vcfg = apply_overrides(config, {**v["overrides"], "max_rounds": a_rounds})
                 _link_shared(run, vdir, config, vcfg)
                 print(f"  [ablate {name}] {v['what']} -> {vdir}", file=sys.stderr, flush=True)
-                s = train_wsss.with_options(task_runner=runner(address))(str(vdir), vcfg, address)
+                s = train_wsss.with_options(task_runner=runner(address))(str(vdir), vcfg, address, False)
                 last = [r for r in s["rounds"] if r["round"] != "cam"][-1]
-                entry.update({"pseudo_label_miou": last["pseudo_label_miou"], "final_round": int(last["round"]),
+                m = last["pseudo_label_miou"]
+                entry.update({"pseudo_label_miou": m, "final_round": int(last["round"]),
+                              "delta": None if m is None or reference is None else m - reference,
+                              "per_class_iou": (Store(vdir).read_round(int(last["round"])) or {}).get("per_class_iou"),
                               "run_dir": str(vdir.resolve())})
             except Exception as e:  # one broken variant must not lose the others' numbers
                 entry["error"] = f"{type(e).__name__}: {e}"
@@ -590,7 +611,8 @@ def compare_models(run: Path, records: list[ImageRecord], eval_records: list[Ima
 def run_bench(data: str | os.PathLike, run_dir: str | os.PathLike, config, out: str | os.PathLike, *,
               eval_split: str | None = "val", ablate: list[str] | None = None, workers: int = 2,
               dask_address: str | None = None, background: str | None = "auto",
-              crf: dict | None = None, compare: list[str] | None = None, compare_seconds: float = 300.0) -> dict:
+              crf: dict | None = None, compare: list[str] | None = None, compare_seconds: float = 300.0,
+              ablate_rounds: int = 1) -> dict:
     """Run the whole bench (one Dask cluster, one flow run) and write ``out`` (JSON), ``out``
     with suffix ``.md`` (markdown table) and ``.png`` (overlay figure). Returns the result.
 
@@ -618,7 +640,8 @@ def run_bench(data: str | os.PathLike, run_dir: str | os.PathLike, config, out: 
     _, bench_flow = _prefect_parts()
     with dask_cluster(dask_address, workers, run) as address:
         res = bench_flow.with_options(task_runner=runner(address))(
-            str(data), str(run), config, address, eval_split, ablate, background, crf, compare, compare_seconds)
+            str(data), str(run), config, address, eval_split, ablate, background, crf, compare, compare_seconds,
+            ablate_rounds)
     res["wall_seconds"] = time.perf_counter() - t0
     out.parent.mkdir(parents=True, exist_ok=True)
     store = Store(run)
@@ -655,7 +678,12 @@ def add_bench_quality_parser(bench_subparsers) -> argparse.ArgumentParser:
     p.add_argument("--ablate", nargs="*", default=None, metavar="NAME",
                    help="also run the ablation variants (all, or only those named): no_iou_filter, "
                         "fusion_threshold, no_3way, seeding_grabcut, seeding_none, no_edges, "
-                        "superpixel_skimage_slic, superpixel_felzenszwalb")
+                        "superpixel_skimage_slic, superpixel_felzenszwalb, no_mil, no_seed_prior, no_round_prior, "
+                        "no_prelim_normalize, no_class_balance")
+    p.add_argument("--ablate-rounds", type=int, default=1, metavar="R",
+                   help="label-only rounds each ablation variant runs (default 1: round 0's pseudo-labels, "
+                        "compared with the main run's round 0); no_edges and no_round_prior act from round 1 "
+                        "on and need 2, as do no_prelim_normalize and no_class_balance")
     p.add_argument("--compare-models", nargs="+", default=None, metavar="NAME[=JSON]",
                    help="also train these networks (and the configured one) from scratch on the final "
                         "pseudo-labels and on the masks, same wall-time budget each, evaluated on --eval-split; "
@@ -684,7 +712,8 @@ def main(args) -> int:
     res = run_bench(args.data, run, config, out, eval_split=args.eval_split, ablate=args.ablate,
                     workers=args.workers, dask_address=args.dask_address,
                     background=None if args.background == "none" else args.background,
-                    compare=args.compare_models, compare_seconds=args.compare_seconds)
+                    compare=args.compare_models, compare_seconds=args.compare_seconds,
+                    ablate_rounds=args.ablate_rounds)
     print()
     print(markdown_report(res))
     print(f"table:  {res['table']}\nfigure: {res['figure']}")

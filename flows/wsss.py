@@ -179,7 +179,7 @@ def train_image_classifier(run_dir: str, records: list[ImageRecord], cfg: WSSSCo
     tr.seed_everything(cfg.seed)  # the initial weights too: torch's own start-up seed differs per process
     model = image_classifier(len(obj), 3, width=c.width, stride=c.stride)
     ds = tr.StoreDataset(len(records), TagLoader(run_dir, [r.image_id for r in records], targets),
-                         tr.Augment(crop=c.size, scale=(0.6, 1.1)), seed=cfg.seed, with_edge=False)
+                         tr.Augment(crop=c.size, scale=tuple(c.scale)), seed=cfg.seed, with_edge=False)
     tcfg = tr.TrainConfig(epochs=c.epochs, batch_size=c.batch_size, lr=c.lr, seed=cfg.seed, device=cfg.device,
                           max_seconds=c.max_seconds, patience=c.epochs, num_workers=1)
     prog = Progress("classifier", c.epochs, "epochs")
@@ -311,7 +311,14 @@ def train_round_segmenter(run_dir: str, r: int, records: list[ImageRecord], key:
     prog = Progress(f"segmenter r{r}" if label_round is not None else "supervised", epochs, "epochs")
     log = (lambda m, step: tracker.log_metrics({f"seg_{k}": v for k, v in m.items()}, step)) if tracker else None
     state_path = out.with_name(f"{out.stem}.train_state.pt")
-    result = tr.fit(model, ds, tr.segmentation_loss(), tcfg, checkpoint=state_path, log=log,
+    weights = None
+    if s.class_balance > 0:
+        counts = np.zeros(classes.n)
+        for rec in records:
+            lab = store.mask(rec.image_id) if label_round is None else store.pseudo(label_round, rec.image_id)
+            counts += np.bincount(lab[lab != tr.IGNORE].ravel(), minlength=classes.n)[:classes.n]
+        weights = tr.balanced_class_weights(counts, s.class_balance)
+    result = tr.fit(model, ds, tr.segmentation_loss(weights), tcfg, checkpoint=state_path, log=log,
                     progress=lambda msg: prog.advance(1, msg.split(" ", 2)[-1]))
     models.save_checkpoint(out, model, builder_ref=s.model, num_classes=classes.n, in_channels=in_ch,
                            options=dict(s.options),  # weights are in the checkpoint: no `pretrained`
@@ -372,12 +379,14 @@ def evaluate(run_dir: str, round_index: int | None = None, split: str = "train",
 # ============================================================================ refresh round
 @flow(name="refresh_round")
 def refresh_round(run_dir: str, round_index: int, config: WSSSConfig, feature_key: str,
-                  classifier_path: str | None = None) -> dict:
-    """One refresh round (METHOD.md A steps 1-8), reproducible from its parameters."""
+                  classifier_path: str | None = None, train_model: bool = True) -> dict:
+    """One refresh round (METHOD.md A steps 1-8), reproducible from its parameters.
+
+    ``train_model=False`` stops after the pseudo-labels (step 8 skipped): a label-only round."""
     store = Store(run_dir)
     done = store.read_round(round_index)
-    if done:
-        return done
+    if done and (not train_model or (store.round_dir(round_index) / "model.pt").exists()):
+        return done  # a label-only round resumed by a full run goes on to train its model
     t0 = time.perf_counter()
     r = round_index
     records = store.manifest(config.split)
@@ -408,7 +417,7 @@ def refresh_round(run_dir: str, round_index: int, config: WSSSConfig, feature_ke
         # 8. correction: train the segmentation model on the pseudo-labels
         init = store.round_dir(r - 1) / "model.pt" if r > 0 else None
         model_path, result = train_round_segmenter(run_dir, r, records, feature_key, config, tracker, label_round=r,
-                                                   init=init)
+                                                   init=init) if train_model else (None, None)
         # measurement only: pseudo-label quality against the masks, where the corpus has them
         sources = [[r, "pseudo"]] + ([[0, "cam"]] if r == 0 else [])
         ev = evaluate_sources(run_dir, records, sources, config.shard_size, stage=f"r{r} evaluate")
@@ -428,7 +437,8 @@ def refresh_round(run_dir: str, round_index: int, config: WSSSConfig, feature_ke
         overlay_grid(store, records[:6], [("pseudo-label", r, "pseudo")] + ([("CAM", 0, "cam")] if r == 0 else []),
                      pic)
         tracker.log_artifact(pic, "overlays")
-        tracker.log_artifact(model_path, "checkpoint")
+        if model_path is not None:
+            tracker.log_artifact(model_path, "checkpoint")
         create_markdown_artifact(key=f"round-{r}", markdown=_md_table([_row(summary)]) +
                                  f"\n\nMLflow run: `{run_id}`", description=f"refresh round {r}")
     store.write_round(r, summary)
@@ -451,8 +461,12 @@ def _md_table(rows: list[dict]) -> str:
 
 # ============================================================================ the whole training
 @flow(name="train_wsss")
-def train_wsss(run_dir: str, config: WSSSConfig = WSSSConfig(), dask_address: str | None = None) -> dict:
-    """Refresh rounds until the pseudo-labels stop changing (share < epsilon) or the budget ends."""
+def train_wsss(run_dir: str, config: WSSSConfig = WSSSConfig(), dask_address: str | None = None,
+               final_model: bool = True) -> dict:
+    """Refresh rounds until the pseudo-labels stop changing (share < epsilon) or the budget ends.
+
+    ``final_model=False``: the last round stops after its pseudo-labels (no segmentation model is
+    trained on them), for label-only runs such as the bench's ablations."""
     t0 = time.perf_counter()
     store = Store(run_dir)
     _check_config(store.root, config)
@@ -470,7 +484,7 @@ def train_wsss(run_dir: str, config: WSSSConfig = WSSSConfig(), dask_address: st
         converged = False
         for r in range(config.max_rounds):
             sub = refresh_round.with_options(task_runner=runner(dask_address)) if dask_address else refresh_round
-            s = sub(run_dir, r, config, key, str(clf))
+            s = sub(run_dir, r, config, key, str(clf), final_model or r < config.max_rounds - 1)
             if r == 0:
                 rows.append({"round": "cam", "pseudo_label_miou": s.get("cam_miou"), "changed_share": None,
                              "ignore_share": 0.0, "wall_seconds": cls_seconds})
@@ -480,9 +494,10 @@ def train_wsss(run_dir: str, config: WSSSConfig = WSSSConfig(), dask_address: st
                 converged = True
                 break
         final = store.round_dir(int(rows[-1]["round"])) / "model.pt"
-        tracker.log_artifact(final, "final_model")
+        if final.exists():
+            tracker.log_artifact(final, "final_model")
         tracker.log_metrics({"final_pseudo_label_miou": rows[-1]["pseudo_label_miou"], "rounds": len(rows) - 1})
-        summary = {"run_dir": str(store.root), "rounds": rows, "converged": converged, "final_model": str(final),
+        summary = {"run_dir": str(store.root), "rounds": rows, "converged": converged, "final_model": str(final) if final.exists() else None,
                    "mlflow_parent_run_id": parent_id, "wall_seconds": time.perf_counter() - t0,
                    "feature_key": key, "images": len(records)}
         create_markdown_artifact(key="train-wsss", markdown=_md_table([{k: v for k, v in r.items()} for r in rows]) +

@@ -101,6 +101,18 @@ def cam_to_prob_centered(class_maps: np.ndarray, allowed: np.ndarray, temperatur
     return (c / c.sum(0, keepdims=True)).astype(np.float32)
 
 
+def max_normalize(prob: np.ndarray, allowed: np.ndarray) -> np.ndarray:
+    """(K, H, W) probabilities with each allowed class divided by its own maximum over the image,
+    renormalised over the allowed classes.
+
+    A tag says its class is in the image, so its strongest pixels should go to it even when the
+    network, trained on a corpus where the class is small, never makes it the most probable
+    class anywhere. Measured on msrc21 train (round 1's preliminary result, a class-balanced
+    round-0 model): 0.466 mIoU as it is, 0.496 normalised."""
+    peak = prob.reshape(len(prob), -1).max(1)
+    return restrict(prob / np.maximum(peak, 1e-6)[:, None, None], allowed)
+
+
 def cam_mode(mode: str, background: int | None) -> str:
     """``auto``: centred class maps when every pixel belongs to a tag (no implicit background),
     max-normalised CAMs against a constant background score otherwise."""
@@ -215,6 +227,8 @@ def preliminary_shard(run_dir: str, ids: list[str], round_index: int, model_path
         else:
             edges = store.cached(FEATURE_STAGE, key, rec.sha256)["edges"] if state["in_channels"] == 4 else None
             prob = restrict(tr.predict_probs(model, image, edges), allowed)
+            if cfg.get("prelim_normalize", False):
+                prob = max_normalize(prob, allowed)
             w = cfg.get("prior_weight", 0.0)
             if w > 0:
                 prior = store.prelim(0, rec.image_id, classes.n)

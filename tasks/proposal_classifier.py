@@ -17,13 +17,16 @@ from torch import nn
 
 
 class ProposalMLP(nn.Module):
-    """Standardised features -> two hidden layers -> class logits."""
+    """Standardised features -> two hidden layers -> class logits; ``hidden=0``: one linear
+    layer (multinomial logistic regression)."""
 
     def __init__(self, in_features: int, num_classes: int, hidden: int = 256):
         super().__init__()
         self.register_buffer("mean", torch.zeros(in_features))
         self.register_buffer("std", torch.ones(in_features))
-        self.net = nn.Sequential(
+        if hidden < 0:
+            raise ValueError(f"hidden must be >= 0 (0 = linear), got {hidden}")
+        self.net = nn.Linear(in_features, num_classes) if hidden == 0 else nn.Sequential(
             nn.Linear(in_features, hidden), nn.ReLU(inplace=True), nn.Dropout(0.2),
             nn.Linear(hidden, hidden), nn.ReLU(inplace=True), nn.Dropout(0.2),
             nn.Linear(hidden, num_classes),

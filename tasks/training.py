@@ -424,6 +424,24 @@ def segmentation_loss(class_weights: Sequence[float] | None = None) -> Callable:
     return loss
 
 
+def balanced_class_weights(counts: Sequence[float], power: float = 0.5, max_ratio: float = 10.0) -> list[float]:
+    """Per-class loss weights ``share ** -power`` from label pixel counts, scaled to mean 1 over the
+    classes that occur and clipped to ``max_ratio`` times the smallest weight (a class seen on a
+    handful of pixels must not dominate); classes that never occur get weight 0 (they have no
+    pixels to weigh). ``power=0``: all ones."""
+    c = np.asarray(counts, np.float64)
+    if c.ndim != 1 or (c < 0).any():
+        raise ValueError(f"counts must be a 1-D array of non-negative pixel counts, got {c}")
+    present = c > 0
+    if power == 0 or not present.any():
+        return [1.0] * len(c)
+    w = np.zeros_like(c)
+    w[present] = (c[present] / c.sum()) ** -power
+    w[present] = np.minimum(w[present], w[present].min() * max_ratio)
+    w[present] /= w[present].mean()
+    return w.tolist()
+
+
 def multilabel_loss(out: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
     return F.binary_cross_entropy_with_logits(out, y)
 

@@ -75,7 +75,8 @@ def test_ablation_variants_flag_what_the_config_cannot_express():
     assert v["no_iou_filter"]["overrides"] == {"proposals.t1": 0.0, "proposals.p1": 0.0}
     assert "seeding_random_walker" not in v and {"seeding_grabcut", "seeding_none"} <= set(v)
     assert {"no_edges", "superpixel_skimage_slic", "superpixel_felzenszwalb", "fusion_threshold", "no_mil",
-            "no_seed_prior", "no_round_prior"} <= set(v)
+            "no_seed_prior", "no_prelim_normalize", "no_class_balance"} <= set(v)
+    assert "no_round_prior" in bq.ablation_variants(WSSSConfig(prior_weight=0.5))
     assert v["no_mil"]["overrides"] == {"mil.iterations": 0}
     for name, var in v.items():
         if "skip" not in var:  # every runnable variant is a valid config differing from the default
@@ -100,7 +101,7 @@ def test_bench_quality_end_to_end(tmp_path, prefect_harness, capsys):
                      for r in rows[1:]]) + "\n")
     run, out = tmp_path / "run", tmp_path / "res" / "q.json"
     args = _parse(["bench", "quality", "--data", str(data), "--split", "train", "--out", str(out),
-                   "--run-dir", str(run), "--workers", "2", "--ablate", "fusion_threshold",
+                   "--run-dir", str(run), "--workers", "2", "--ablate", "fusion_threshold", "no_edges",
                    "--set", "classifier.epochs=3", "--set", "classifier.size=96", "--set", "classifier.width=8",
                    "--set", "segmentation.epochs=1", "--set", "segmentation.options={\"width\": 8}", "--set", "segmentation.crop=96",
                    "--set", "segmentation.num_workers=0", "--set", "proposals.epochs=3",
@@ -147,6 +148,13 @@ def test_bench_quality_end_to_end(tmp_path, prefect_harness, capsys):
     assert (vdir / "rounds" / "r000" / "prelim.zarr").is_symlink()
     assert json.loads((vdir / "config.json").read_text())["proposals"]["fusion"] == "threshold"
     assert "| fusion_threshold |" in out.with_suffix(".md").read_text()
+    # label-only: compared with the main run's round 0, and no model is trained after its labels
+    assert res["ablation_round"] == 0 and res["ablation_reference_miou"] == res["rounds"][0]["pseudo_label_miou"]
+    assert a["delta"] == pytest.approx(a["pseudo_label_miou"] - res["ablation_reference_miou"])
+    assert set(a["per_class_iou"]) == set(classes.names)
+    assert (vdir / "rounds" / "r000" / "pseudo.zarr").exists() and not (vdir / "rounds" / "r000" / "model.pt").exists()
+    # the edge channel only feeds the segmenter, so a 1-round ablation cannot measure it
+    assert "--ablate-rounds 2" in res["ablations"]["no_edges"]["skipped"] and not (run / "ablate-no_edges").exists()
 
     # networks side by side: the configured one and the named one, each trained on the final
     # pseudo-labels and on the masks for an epoch count derived from its measured speed

@@ -2,6 +2,7 @@
 preliminary result using what the other images show."""
 import numpy as np
 import pytest
+import torch
 
 from tasks.mil import evidence, hard_targets, refine
 from tasks.proposal_classifier import combine_evidence
@@ -55,11 +56,13 @@ def _accuracy(evs, allowed, truth):
     return np.mean(np.concatenate([hard_targets(e, a).argmax(1) == y for e, a, y in zip(evs, allowed, truth)]))
 
 
-def test_refine_corrects_the_preliminary_result():
+@pytest.mark.parametrize("hidden", [0, 16])  # 0: logistic regression (the default), 16: MLP
+def test_refine_corrects_the_preliminary_result(hidden):
     feats, prelims, allowed, areas, truth = _corpus(np.random.default_rng(0))
     before = _accuracy(prelims, allowed, truth)
-    res = refine(feats, prelims, allowed, areas, iterations=3, prior_weight=0.3, hidden=16, epochs=20, lr=1e-2,
+    res = refine(feats, prelims, allowed, areas, iterations=3, prior_weight=0.3, hidden=hidden, epochs=20, lr=1e-2,
                  batch_size=64)
+    assert isinstance(res.model.net, torch.nn.Linear) == (hidden == 0)
     after = _accuracy([evidence(res.model, x, p, a, 0.3) for x, p, a in zip(feats, prelims, allowed)],
                       allowed, truth)
     assert before < 0.9 and after > 0.97, (before, after)

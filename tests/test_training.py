@@ -246,3 +246,36 @@ def test_centred_class_maps_ignore_offsets_and_untagged_classes():
     shifted = maps.copy()
     shifted[0] += 7.0
     np.testing.assert_allclose(cam_to_prob_centered(shifted, allowed), p, atol=1e-6)
+
+
+def test_balanced_class_weights_favour_small_classes_within_a_cap():
+    w = tr.balanced_class_weights([900, 100, 0, 1], power=0.5, max_ratio=10.0)
+    assert w[2] == 0.0  # a class with no pixels has nothing to weigh
+    present = [w[0], w[1], w[3]]
+    assert np.mean(present) == pytest.approx(1.0)
+    assert w[1] / w[0] == pytest.approx(3.0)  # (900 / 100) ** 0.5
+    assert w[3] / w[0] == pytest.approx(10.0)  # (900 / 1) ** 0.5 = 30, capped at 10x the smallest
+    assert tr.balanced_class_weights([5, 0, 7], power=0.0) == [1.0, 1.0, 1.0]
+    with pytest.raises(ValueError, match="non-negative"):
+        tr.balanced_class_weights([3, -1])
+    # the weights reach the loss: a pixel of the rare class costs more than one of the common class
+    loss = tr.segmentation_loss(w)
+    logits = torch.zeros(1, 4, 1, 2)
+    rare, common = loss(logits, torch.tensor([[[1, 1]]])), loss(logits, torch.tensor([[[0, 0]]]))
+    mixed = loss(logits, torch.tensor([[[0, 1]]]))
+    assert rare == pytest.approx(common) and float(mixed) == pytest.approx(float(rare))  # uniform logits: same CE
+    logits[0, 0] = 2.0  # predicts the common class everywhere: the rare pixel's error dominates
+    assert float(loss(logits, torch.tensor([[[0, 1]]]))) > float(tr.segmentation_loss()(logits, torch.tensor([[[0, 1]]])))
+
+
+def test_max_normalize_lets_every_tagged_class_win_where_it_peaks():
+    from tasks.pipeline import max_normalize
+
+    prob = np.zeros((3, 1, 4), np.float32)
+    prob[0] = [0.9, 0.9, 0.8, 0.7]
+    prob[1] = [0.1, 0.1, 0.2, 0.3]  # never the argmax as it is, strongest at the last pixel
+    allowed = np.array([True, True, False])
+    assert (prob.argmax(0) == 0).all()
+    out = max_normalize(prob, allowed)
+    assert out.argmax(0).ravel().tolist() == [0, 0, 0, 1]
+    assert np.allclose(out.sum(0), 1) and (out[2] == 0).all()
