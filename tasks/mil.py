@@ -8,8 +8,11 @@ looks like grass beside a sheep). Iterating: label every superpixel with the arg
 image's tags of the current evidence, train, predict, mix the prediction with the preliminary
 result (so the localisation cue is never forgotten), repeat.
 
-Measured on msrc21 train (276 images, CAM 0.420 mIoU): 8 iterations with a 0.3 preliminary
-weight reach 0.454; without the mixing 0.448; from uniform (tags only) 0.344.
+Measured on msrc21 train (276 images, CAM 0.420 mIoU, MLP 256): 8 iterations with a 0.3
+preliminary weight reach 0.454; without the mixing 0.448; from uniform (tags only) 0.344. From
+a 0.387 CAM, 6 iterations: logistic regression (``hidden=0``, the default) 0.429 in about 10 s,
+the MLP 0.417 in 116 s; a linear model generalises across the corpus where the MLP fits each
+image's CAM mistakes.
 """
 from __future__ import annotations
 
