@@ -144,7 +144,7 @@ class LabelLoader:
     def __call__(self, i: int):
         store = Store(self.run_dir)
         rec = self.records[i]
-        edges = store.cached(pl.FEATURE_STAGE, self.key, rec.sha256)["edges"]
+        edges = store.cached(pl.FEATURE_STAGE, self.key, rec.sha256, ("edges",))["edges"]
         label = store.mask(rec.image_id) if self.round is None else store.pseudo(self.round, rec.image_id)
         return store.image(rec.image_id), edges, label
 

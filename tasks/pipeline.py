@@ -225,7 +225,7 @@ def preliminary_shard(run_dir: str, ids: list[str], round_index: int, model_path
                 cam_to_prob(cams, allowed, classes.background, ccfg["background_threshold"])
             store.write_pseudo(round_index, rec.image_id, labels_from_prob(prob), name="cam")
         else:
-            edges = store.cached(FEATURE_STAGE, key, rec.sha256)["edges"] if state["in_channels"] == 4 else None
+            edges = store.cached(FEATURE_STAGE, key, rec.sha256, ("edges",))["edges"] if state["in_channels"] == 4 else None
             prob = restrict(tr.predict_probs(model, image, edges), allowed)
             if cfg.get("prelim_normalize", False):
                 prob = max_normalize(prob, allowed)
@@ -300,7 +300,7 @@ def evaluate_shard(run_dir: str, ids: list[str], sources: list[list], model_path
         for a, b in sources:
             if a == "model":
                 image = store.image(rec.image_id)
-                edges = store.cached(FEATURE_STAGE, key, rec.sha256)["edges"] if state["in_channels"] == 4 else None
+                edges = store.cached(FEATURE_STAGE, key, rec.sha256, ("edges",))["edges"] if state["in_channels"] == 4 else None
                 pred = restrict(tr.predict_probs(model, image, edges), np.ones(n, bool)).argmax(0).astype(np.uint8)
             else:
                 pred = store.pseudo(int(a), rec.image_id, name=b)

@@ -30,7 +30,7 @@ import re
 import tempfile
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Iterable
+from typing import Any, Iterable, Sequence
 
 import numpy as np
 import pyarrow as pa
@@ -218,14 +218,19 @@ class Store:
             self._write_array(base, f"{sha[:24]}.{name}", np.ascontiguousarray(arr))
         self._write_array(base, sha[:24], np.zeros(1, np.uint8), {"parts": sorted(arrays)})
 
-    def cached(self, stage: str, key: str, sha: str) -> dict[str, np.ndarray]:
+    def cached(self, stage: str, key: str, sha: str, parts: Sequence[str] | None = None) -> dict[str, np.ndarray]:
+        """The cached arrays of one image, all of them or only ``parts`` (the edge map alone is
+        read every epoch by the segmenter's loader: the superpixel parts would double its cost)."""
         base = self.cache_dir(stage, key)
         meta = base / sha[:24] / "zarr.json"
         if not self._has_array(base, sha[:24]):
             raise KeyError(f"no cached {stage} output for image sha {sha[:12]} under {base}")
-        parts = json.loads(meta.read_text())["attributes"]["parts"]
+        have = json.loads(meta.read_text())["attributes"]["parts"]
+        missing = [p for p in (parts or ()) if p not in have]
+        if missing:
+            raise KeyError(f"cached {stage} output of {sha[:12]} has no part {', '.join(missing)} under {base}")
         out = {}
-        for name in parts:
+        for name in (have if parts is None else parts):
             arr = self._read_array(base, f"{sha[:24]}.{name}")
             if arr is None:
                 raise KeyError(f"cached {stage} part {name!r} of {sha[:12]} is incomplete under {base}")

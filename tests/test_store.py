@@ -69,6 +69,10 @@ def test_cache_is_content_addressed(tmp_path):
     got = store.cached("features", key, "f" * 64)
     assert np.array_equal(got["x"], np.arange(3))
     assert (arrays_to_sparse(got) != m).nnz == 0
+    only = store.cached("features", key, "f" * 64, ("x",))
+    assert list(only) == ["x"] and np.array_equal(only["x"], np.arange(3))
+    with pytest.raises(KeyError, match="no part edges"):
+        store.cached("features", key, "f" * 64, ("edges",))
 
 
 def test_shard_markers(tmp_path):
