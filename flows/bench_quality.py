@@ -502,12 +502,12 @@ def _bench_flow(data: str, run_dir: str, config, address: str, eval_split: str |
         for name, v in chosen.items():
             entry = {"what": v["what"], "overrides": v["overrides"]}
             res["ablations"][name] = entry
-            if "skip" not in v and v.get("from_round", 0) >= a_rounds:
-                v["skip"] = (f"acts from round {v['from_round']} on; pass --ablate-rounds {v['from_round'] + 1} "
-                             "or more to measure it")
-            if "skip" in v:
-                entry["skipped"] = v["skip"]
-                print(f"  [ablate {name}] skipped: {v['skip']}", file=sys.stderr, flush=True)
+            skip = v.get("skip") or (f"acts from round {v['from_round']} on; pass --ablate-rounds "
+                                     f"{v['from_round'] + 1} or more to measure it"
+                                     if v.get("from_round", 0) >= a_rounds else None)
+            if skip:
+                entry["skipped"] = skip
+                print(f"  [ablate {name}] skipped: {skip}", file=sys.stderr, flush=True)
                 continue
             vdir = run / f"ablate-{name}"
             tv = time.perf_counter()

@@ -141,12 +141,24 @@ class LabelLoader:
     def __init__(self, run_dir: str, records: list[ImageRecord], feature_key: str, round_index: int | None):
         self.run_dir, self.records, self.key, self.round = run_dir, records, feature_key, round_index
 
+    def label(self, i: int, store: Store | None = None) -> np.ndarray:
+        store = store or Store(self.run_dir)
+        rec = self.records[i]
+        return store.mask(rec.image_id) if self.round is None else store.pseudo(self.round, rec.image_id)
+
+    def class_counts(self, n_classes: int) -> np.ndarray:
+        """(n_classes,) labelled pixels of each class over all records (ignore excluded)."""
+        store = Store(self.run_dir)
+        counts = np.zeros(n_classes)
+        for i in range(len(self.records)):
+            lab = self.label(i, store)
+            counts += np.bincount(lab[lab != tr.IGNORE].ravel(), minlength=n_classes)[:n_classes]
+        return counts
+
     def __call__(self, i: int):
         store = Store(self.run_dir)
         rec = self.records[i]
-        edges = store.cached(pl.FEATURE_STAGE, self.key, rec.sha256, ("edges",))["edges"]
-        label = store.mask(rec.image_id) if self.round is None else store.pseudo(self.round, rec.image_id)
-        return store.image(rec.image_id), edges, label
+        return store.image(rec.image_id), pl.load_edges(store, rec, self.key), self.label(i, store)
 
 
 def object_classes(classes: ClassSpec) -> list[int]:
@@ -297,13 +309,14 @@ def train_round_segmenter(run_dir: str, r: int, records: list[ImageRecord], key:
     if init is not None and init.exists() and s.finetune:
         prev, _ = models.load_checkpoint(init)
         model.load_state_dict(prev.state_dict())
+    labels = LabelLoader(run_dir, records, key, label_round)
     if getattr(model, "needs_global_context", False):
         # global-local: crops of the network's patch size, each with its whole image's coarse view and box
-        ds = tr.ContextDataset(len(records), LabelLoader(run_dir, records, key, label_round),
-                               tr.Augment(crop=model.patch_size), seed=cfg.seed + r, with_edge=s.use_edges)
+        ds = tr.ContextDataset(len(records), labels, tr.Augment(crop=model.patch_size), seed=cfg.seed + r,
+                               with_edge=s.use_edges)
     else:
-        ds = tr.StoreDataset(len(records), LabelLoader(run_dir, records, key, label_round),
-                             tr.Augment(crop=s.crop), seed=cfg.seed + r, with_edge=s.use_edges)
+        ds = tr.StoreDataset(len(records), labels, tr.Augment(crop=s.crop), seed=cfg.seed + r,
+                             with_edge=s.use_edges)
     epochs = max(s.epochs, -(-s.min_steps // max(1, len(records) // s.batch_size)))
     tcfg = tr.TrainConfig(epochs=epochs, batch_size=s.batch_size, lr=s.lr, crop=s.crop, seed=cfg.seed + r,
                           device=cfg.device, max_seconds=s.max_seconds, patience=s.patience,
@@ -311,13 +324,7 @@ def train_round_segmenter(run_dir: str, r: int, records: list[ImageRecord], key:
     prog = Progress(f"segmenter r{r}" if label_round is not None else "supervised", epochs, "epochs")
     log = (lambda m, step: tracker.log_metrics({f"seg_{k}": v for k, v in m.items()}, step)) if tracker else None
     state_path = out.with_name(f"{out.stem}.train_state.pt")
-    weights = None
-    if s.class_balance > 0:
-        counts = np.zeros(classes.n)
-        for rec in records:
-            lab = store.mask(rec.image_id) if label_round is None else store.pseudo(label_round, rec.image_id)
-            counts += np.bincount(lab[lab != tr.IGNORE].ravel(), minlength=classes.n)[:classes.n]
-        weights = tr.balanced_class_weights(counts, s.class_balance)
+    weights = tr.balanced_class_weights(labels.class_counts(classes.n), s.class_balance) if s.class_balance else None
     result = tr.fit(model, ds, tr.segmentation_loss(weights), tcfg, checkpoint=state_path, log=log,
                     progress=lambda msg: prog.advance(1, msg.split(" ", 2)[-1]))
     models.save_checkpoint(out, model, builder_ref=s.model, num_classes=classes.n, in_channels=in_ch,
@@ -497,7 +504,8 @@ def train_wsss(run_dir: str, config: WSSSConfig = WSSSConfig(), dask_address: st
         if final.exists():
             tracker.log_artifact(final, "final_model")
         tracker.log_metrics({"final_pseudo_label_miou": rows[-1]["pseudo_label_miou"], "rounds": len(rows) - 1})
-        summary = {"run_dir": str(store.root), "rounds": rows, "converged": converged, "final_model": str(final) if final.exists() else None,
+        summary = {"run_dir": str(store.root), "rounds": rows, "converged": converged,
+                   "final_model": str(final) if final.exists() else None,
                    "mlflow_parent_run_id": parent_id, "wall_seconds": time.perf_counter() - t0,
                    "feature_key": key, "images": len(records)}
         create_markdown_artifact(key="train-wsss", markdown=_md_table([{k: v for k, v in r.items()} for r in rows]) +

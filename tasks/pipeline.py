@@ -63,6 +63,11 @@ def compute_features(store: Store, rec: ImageRecord, fcfg: dict, key: str) -> bo
     return True
 
 
+def load_edges(store: Store, rec: ImageRecord, key: str) -> np.ndarray:
+    """The (H, W) feature-region map alone (a network's 4th input channel), without the superpixel parts."""
+    return store.cached(FEATURE_STAGE, key, rec.sha256, ("edges",))["edges"]
+
+
 def load_features(store: Store, rec: ImageRecord, key: str) -> ImageFeatures:
     d = store.cached(FEATURE_STAGE, key, rec.sha256)
     labels = d["superpixels"]
@@ -225,7 +230,7 @@ def preliminary_shard(run_dir: str, ids: list[str], round_index: int, model_path
                 cam_to_prob(cams, allowed, classes.background, ccfg["background_threshold"])
             store.write_pseudo(round_index, rec.image_id, labels_from_prob(prob), name="cam")
         else:
-            edges = store.cached(FEATURE_STAGE, key, rec.sha256, ("edges",))["edges"] if state["in_channels"] == 4 else None
+            edges = load_edges(store, rec, key) if state["in_channels"] == 4 else None
             prob = restrict(tr.predict_probs(model, image, edges), allowed)
             if cfg.get("prelim_normalize", False):
                 prob = max_normalize(prob, allowed)
@@ -300,7 +305,7 @@ def evaluate_shard(run_dir: str, ids: list[str], sources: list[list], model_path
         for a, b in sources:
             if a == "model":
                 image = store.image(rec.image_id)
-                edges = store.cached(FEATURE_STAGE, key, rec.sha256, ("edges",))["edges"] if state["in_channels"] == 4 else None
+                edges = load_edges(store, rec, key) if state["in_channels"] == 4 else None
                 pred = restrict(tr.predict_probs(model, image, edges), np.ones(n, bool)).argmax(0).astype(np.uint8)
             else:
                 pred = store.pseudo(int(a), rec.image_id, name=b)
