@@ -34,6 +34,42 @@ def hard_targets(evidence: np.ndarray, allowed: np.ndarray) -> np.ndarray:
     return out
 
 
+def claim_targets(targets: np.ndarray, evidence: np.ndarray, allowed: np.ndarray, areas: np.ndarray,
+                  min_share: float) -> np.ndarray:
+    """Give every allowed class at least ``min_share`` of the image area in the (S, K) one-hot
+    ``targets``: a tag says the class is there, so a class the argmax leaves (nearly) empty takes
+    the superpixels where its evidence is highest relative to the winner's, beginning with the
+    class that has least. A superpixel claimed this way is not taken again by another class.
+
+    The MIL constraint of a positive bag (at least one positive instance), stated as area: without
+    it a class that always appears beside a stronger one (aeroplane beside building and sky) is
+    never a training target and the classifier never learns it."""
+    if min_share <= 0 or not len(targets):
+        return targets
+    if not (targets.shape == evidence.shape and areas.shape == (len(targets),) and allowed.shape == (targets.shape[1],)):
+        raise ValueError(f"targets {targets.shape}, evidence {evidence.shape}, areas {areas.shape} and allowed "
+                         f"{allowed.shape} do not match")
+    label = targets.argmax(1)
+    total = float(areas.sum())
+    locked = np.zeros(len(label), bool)
+    classes = np.flatnonzero(allowed)
+    share = {c: float(areas[label == c].sum()) / total for c in classes}
+    relative = evidence / np.maximum(evidence.max(1, keepdims=True), 1e-12)
+    for c in sorted(classes, key=lambda c: share[c]):
+        need = min_share * total - float(areas[label == c].sum())
+        if need <= 0:
+            continue
+        for j in np.argsort(-relative[:, c], kind="stable"):
+            if need <= 0:
+                break
+            if label[j] != c and not locked[j]:
+                label[j], locked[j] = c, True
+                need -= float(areas[j])
+    out = np.zeros_like(targets)
+    out[np.arange(len(label)), label] = 1.0
+    return out
+
+
 @dataclass
 class MILResult:
     model: ProposalMLP | None
@@ -43,6 +79,7 @@ class MILResult:
 
 def refine(features: list[np.ndarray], prelim: list[np.ndarray], allowed: list[np.ndarray],
            areas: list[np.ndarray], *, iterations: int = 8, prior_weight: float = 0.3, hidden: int = 256,
+           min_share: float = 0.0,
            epochs: int = 10, lr: float = 3e-3, batch_size: int = 2048, seed: int = 0,
            progress: Callable[[int, float, float], None] | None = None) -> MILResult:
     """Train the superpixel classifier by multiple-instance reassignment.
@@ -53,6 +90,8 @@ def refine(features: list[np.ndarray], prelim: list[np.ndarray], allowed: list[n
     prelim : per image (S_i, K) preliminary class probabilities pooled per superpixel
     allowed : per image (K,) bool, the classes that may be present
     areas : per image (S_i,) superpixel pixel counts (the training weights)
+    min_share : each tagged class's least share of its image's area in the training targets
+        (:func:`claim_targets`); 0 = plain argmax
 
     progress : called after each iteration with (iteration, changed share, loss)
 
@@ -64,15 +103,18 @@ def refine(features: list[np.ndarray], prelim: list[np.ndarray], allowed: list[n
     for i, (x, p, a) in enumerate(zip(features, prelim, areas)):
         if not (len(x) == len(p) == len(a)):
             raise ValueError(f"image {i}: {len(x)} feature rows, {len(p)} prelim rows, {len(a)} areas")
-    labels = [hard_targets(p, t) for p, t in zip(prelim, allowed)]
+    def targets(ev: np.ndarray, t: np.ndarray, a: np.ndarray) -> np.ndarray:
+        return claim_targets(hard_targets(ev, t), ev, t, a, min_share)
+
+    labels = [targets(p, t, a) for p, t, a in zip(prelim, allowed, areas)]
     model, changed, losses = None, [], []
     total_area = float(sum(a.sum() for a in areas))
     for it in range(iterations):
         model, hist = train_proposal_classifier(features, labels, allowed, hidden=hidden, epochs=epochs, lr=lr,
                                                 batch_size=batch_size, seed=seed + it, weights=areas)
         losses.append(hist[-1])
-        new = [hard_targets(evidence(model, x, p, t, prior_weight), t)
-               for x, p, t in zip(features, prelim, allowed)]
+        new = [targets(evidence(model, x, p, t, prior_weight), t, a)
+               for x, p, t, a in zip(features, prelim, allowed, areas)]
         moved = sum(float(a[(n != o).any(1)].sum()) for n, o, a in zip(new, labels, areas))
         changed.append(moved / max(total_area, 1.0))
         labels = new

@@ -72,7 +72,11 @@ def test_ablation_variants_flag_what_the_config_cannot_express():
     from flows.config import WSSSConfig
 
     v = bq.ablation_variants(WSSSConfig())
-    assert v["no_iou_filter"]["overrides"] == {"proposals.t1": 0.0, "proposals.p1": 0.0}
+    # IoU filtering is off by default, so its variant switches it on; with it on, the variant switches it off
+    assert v["iou_filter"]["overrides"] == {"proposals.t1": 0.3, "proposals.p1": 0.5} and "no_iou_filter" not in v
+    on = bq.apply_overrides(WSSSConfig(), v["iou_filter"]["overrides"])
+    assert bq.ablation_variants(on)["no_iou_filter"]["overrides"] == {"proposals.t1": 0.0, "proposals.p1": 0.0}
+    assert v["no_mil_claim"]["overrides"] == {"mil.min_share": 0.0}
     assert "seeding_random_walker" not in v and {"seeding_grabcut", "seeding_none"} <= set(v)
     assert {"no_edges", "superpixel_skimage_slic", "superpixel_felzenszwalb", "fusion_threshold", "no_mil",
             "no_seed_prior", "no_prelim_normalize", "no_class_balance"} <= set(v)
