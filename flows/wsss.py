@@ -515,16 +515,24 @@ def train_wsss(run_dir: str, config: WSSSConfig = WSSSConfig(), dask_address: st
     return summary
 
 
+# How many rounds to run changes no round's content: a run may be taken further (or stopped
+# earlier) on the same directory, and its finished rounds are reused.
+ROUND_BUDGET_FIELDS = ("max_rounds",)
+
+
 def _check_config(root: Path, config: WSSSConfig) -> None:
-    """A run directory belongs to one configuration: resuming with another would mix them."""
+    """A run directory belongs to one configuration: resuming with another would mix them
+    (the round budget aside, which config.json then records as last asked)."""
     path = root / "config.json"
     current = config.model_dump(mode="json")
     if path.exists():
         previous = json.loads(path.read_text())
-        if previous != current:
-            diff = sorted(k for k in set(previous) | set(current) if previous.get(k) != current.get(k))
+        diff = sorted(k for k in set(previous) | set(current)
+                      if previous.get(k) != current.get(k) and k not in ROUND_BUDGET_FIELDS)
+        if diff:
             raise ValueError(f"{path}: this run directory was started with a different configuration "
                              f"(differs in: {', '.join(diff)}); use a new --run-dir, or delete rounds/ and "
                              "config.json to start over")
-    else:
-        path.write_text(json.dumps(current, indent=1))
+        if previous == current:
+            return
+    path.write_text(json.dumps(current, indent=1))

@@ -96,6 +96,13 @@ def _end_to_end(tmp_path, cluster, mlflow):
     assert [r["pseudo_label_miou"] for r in again["rounds"]] == [r["pseudo_label_miou"] for r in rows]
     assert (run / "rounds" / "r000" / "round.json").stat().st_mtime_ns == stamp
 
+    # a smaller (or larger) round budget is not another configuration: the finished rounds are reused
+    fewer = train_wsss.with_options(task_runner=runner(cluster))(str(run), cfg.model_copy(update={"max_rounds": 1}),
+                                                                 cluster)
+    assert [r["pseudo_label_miou"] for r in fewer["rounds"]] == [r["pseudo_label_miou"] for r in rows[:2]]
+    assert (run / "rounds" / "r000" / "round.json").stat().st_mtime_ns == stamp
+    assert json.loads((run / "config.json").read_text())["max_rounds"] == 1
+
     # a different configuration in the same run directory is refused, not mixed in
     with pytest.raises(ValueError, match="different configuration"):
         train_wsss.with_options(task_runner=runner(cluster))(str(run), cfg.model_copy(update={"epsilon": 0.5}),
