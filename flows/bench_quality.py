@@ -672,6 +672,7 @@ def run_bench(data: str | os.PathLike, run_dir: str | os.PathLike, config, out: 
 def add_bench_quality_parser(bench_subparsers) -> argparse.ArgumentParser:
     """Register ``wsseg bench quality``."""
     from flows.cli import _common, _config_args
+    from flows.config import WSSSConfig
 
     p = bench_subparsers.add_parser(
         "quality", help="pseudo-label mIoU vs CAM and CAM+CRF, WSSS vs supervised model, ablations",
@@ -688,10 +689,9 @@ def add_bench_quality_parser(bench_subparsers) -> argparse.ArgumentParser:
     p.add_argument("--out", type=Path, default=None, help="result JSON (default: RUN_DIR/quality.json); "
                                                           ".md and .png are written beside it")
     p.add_argument("--ablate", nargs="*", default=None, metavar="NAME",
-                   help="also run the ablation variants (all, or only those named): iou_filter (or "
-                        "no_iou_filter when it is on), no_mil_claim, fusion_threshold, no_3way, seeding_grabcut, seeding_none, no_edges, "
-                        "superpixel_skimage_slic, superpixel_felzenszwalb, no_mil, no_seed_prior, no_round_prior, "
-                        "no_prelim_normalize, no_class_balance")
+                   help="also run the ablation variants (all, or only those named); for the default "
+                        f"configuration: {', '.join(ablation_variants(WSSSConfig()))} (the set follows the "
+                        "configuration: e.g. no_iou_filter when the filter is on)")
     p.add_argument("--ablate-rounds", type=int, default=1, metavar="R",
                    help="label-only rounds each ablation variant runs (default 1: round 0's pseudo-labels, "
                         "compared with the main run's round 0); no_edges and no_round_prior act from round 1 "

@@ -50,21 +50,17 @@ def claim_targets(targets: np.ndarray, evidence: np.ndarray, allowed: np.ndarray
         raise ValueError(f"targets {targets.shape}, evidence {evidence.shape}, areas {areas.shape} and allowed "
                          f"{allowed.shape} do not match")
     label = targets.argmax(1)
-    total = float(areas.sum())
     locked = np.zeros(len(label), bool)
-    classes = np.flatnonzero(allowed)
-    share = {c: float(areas[label == c].sum()) / total for c in classes}
     relative = evidence / np.maximum(evidence.max(1, keepdims=True), 1e-12)
-    for c in sorted(classes, key=lambda c: share[c]):
-        need = min_share * total - float(areas[label == c].sum())
+    held = np.bincount(label, weights=areas, minlength=len(allowed))
+    for c in sorted(np.flatnonzero(allowed), key=lambda c: held[c]):
+        need = min_share * float(areas.sum()) - float(areas[label == c].sum())  # earlier claims may have taken some
         if need <= 0:
             continue
-        for j in np.argsort(-relative[:, c], kind="stable"):
-            if need <= 0:
-                break
-            if label[j] != c and not locked[j]:
-                label[j], locked[j] = c, True
-                need -= float(areas[j])
+        order = np.argsort(-relative[:, c], kind="stable")
+        free = order[(label[order] != c) & ~locked[order]]
+        take = free[:np.searchsorted(np.cumsum(areas[free]), need) + 1]  # up to the one that covers the need
+        label[take], locked[take] = c, True
     out = np.zeros_like(targets)
     out[np.arange(len(label)), label] = 1.0
     return out
@@ -103,6 +99,7 @@ def refine(features: list[np.ndarray], prelim: list[np.ndarray], allowed: list[n
     for i, (x, p, a) in enumerate(zip(features, prelim, areas)):
         if not (len(x) == len(p) == len(a)):
             raise ValueError(f"image {i}: {len(x)} feature rows, {len(p)} prelim rows, {len(a)} areas")
+
     def targets(ev: np.ndarray, t: np.ndarray, a: np.ndarray) -> np.ndarray:
         return claim_targets(hard_targets(ev, t), ev, t, a, min_share)
 
