@@ -192,6 +192,15 @@ def ablation_variants(config) -> dict[str, dict]:
     if config.mil.iterations > 0 and config.mil.min_share > 0:
         out["no_mil_claim"] = {"what": "MIL targets by plain argmax (tagged classes claim no least area)",
                                "overrides": {"mil.min_share": 0.0}}
+    if config.mil.iterations > 0:
+        out["mil_" + ("tags_only" if config.mil.negatives else "negatives")] = {
+            "what": ("MIL softmax over the tags only in training (no negatives from untagged classes)"
+                     if config.mil.negatives else "MIL softmax over every class in training (untagged = negative)"),
+            "overrides": {"mil.negatives": not config.mil.negatives}}
+    out["proposals_" + ("tags_only" if p.negatives else "negatives")] = {
+        "what": ("proposal classifier trained over the tags only" if p.negatives
+                 else "proposal classifier trained over every class (untagged = negative)"),
+        "overrides": {"proposals.negatives": not p.negatives}}
     if p.seed_prior_weight > 0:
         out["no_seed_prior"] = {"what": "seeded segmentation without the evidence prior (colour and seeds alone)",
                                 "overrides": {"proposals.seed_prior_weight": 0.0}}

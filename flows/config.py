@@ -56,6 +56,9 @@ class ProposalConfig(BaseModel):
         "measured on msrc21 train, round 0: 0.501 mIoU with 10 epochs, 0.504 with 30 at three times the "
         "time (about 30 s against 90 s a round on 2 cores)"))
     lr: float = 1e-3
+    negatives: bool = Field(False, description=(
+        "train over every class (an untagged class is a negative for the image's proposals), not only the "
+        "tags; prediction is restricted to the tags either way"))
     target_sharpen: float = 2.0
     mil_iterations: int = Field(0, ge=0, description="retrain the proposal classifier on the combined evidence")
     evidence: Literal["prelim", "combined"] = Field(
@@ -100,6 +103,12 @@ class MILConfig(BaseModel):
         "each tagged class claims at least this share of its image's area in the MIL targets (where its "
         "evidence is relatively highest); 0 = plain argmax. Measured on msrc21 train from the 0.416 CAM: "
         "0.487 without, 0.501 with 0.15 (aeroplane 0.002 -> 0.159)"))
+    negatives: bool = Field(True, description=(
+        "softmax over every class in training: a superpixel of an image is a negative for every class the "
+        "image is not tagged with (the negative bags of MIL), so each class learns against its look-alikes "
+        "across the corpus, not only against the classes it shares images with. False = softmax over the "
+        "tags only. Measured on msrc21 train from the 0.416 CAM (MIL evidence alone, 6 iterations): 0.501 "
+        "without, 0.579 with"))
     epochs: int = 10
     lr: float = 3e-3
 

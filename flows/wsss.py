@@ -236,7 +236,7 @@ def train_round_mil(run_dir: str, r: int, records: list[ImageRecord], key: str, 
             tracker.log_metrics({"mil_changed_share": changed, "mil_loss": loss}, step=i)
 
     res = mil.refine(feats, prelims, tags, areas, iterations=m.iterations, prior_weight=m.prior_weight,
-                     hidden=m.hidden, min_share=m.min_share, epochs=m.epochs, lr=m.lr, seed=cfg.seed + r,
+                     hidden=m.hidden, min_share=m.min_share, negatives=m.negatives, epochs=m.epochs, lr=m.lr, seed=cfg.seed + r,
                      progress=report)
     out.parent.mkdir(parents=True, exist_ok=True)
     torch.save({"model": res.model, "changed": res.changed, "losses": res.losses}, out)
@@ -270,7 +270,7 @@ def train_round_proposal_classifier(run_dir: str, r: int, records: list[ImageRec
             prog.advance(max(1, len(records) // 4), "features gathered")
     p = cfg.proposals
     model, losses = train_proposal_classifier(feats, targets, tags, hidden=p.hidden, epochs=p.epochs, lr=p.lr,
-                                              seed=cfg.seed + r)
+                                              seed=cfg.seed + r, negatives=p.negatives)
     for it in range(p.mil_iterations):
         # multiple-instance refinement: targets from the mixture of the preliminary result and
         # the classifier's own multi-scale superpixel scores, then retrain
@@ -280,7 +280,7 @@ def train_round_proposal_classifier(run_dir: str, r: int, records: list[ImageRec
             mixed = combine_evidence(sp_prob, sp_clf, allowed, weight=p.evidence_weight)
             targets.append(proposal_targets(f.membership, mixed, f.sp_areas, allowed, sharpen=p.target_sharpen))
         model, losses = train_proposal_classifier(feats, targets, tags, hidden=p.hidden, epochs=p.epochs, lr=p.lr,
-                                                  seed=cfg.seed + r + 1000 * (it + 1))
+                                                  seed=cfg.seed + r + 1000 * (it + 1), negatives=p.negatives)
     prog.message(f"trained on {sum(len(f) for f in feats)} proposals, loss {losses[0]:.3f} -> {losses[-1]:.3f}")
     out.parent.mkdir(parents=True, exist_ok=True)
     torch.save({"model": model, "losses": losses}, out)

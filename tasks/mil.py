@@ -75,7 +75,7 @@ class MILResult:
 
 def refine(features: list[np.ndarray], prelim: list[np.ndarray], allowed: list[np.ndarray],
            areas: list[np.ndarray], *, iterations: int = 8, prior_weight: float = 0.3, hidden: int = 256,
-           min_share: float = 0.0,
+           min_share: float = 0.0, negatives: bool = False,
            epochs: int = 10, lr: float = 3e-3, batch_size: int = 2048, seed: int = 0,
            progress: Callable[[int, float, float], None] | None = None) -> MILResult:
     """Train the superpixel classifier by multiple-instance reassignment.
@@ -88,6 +88,8 @@ def refine(features: list[np.ndarray], prelim: list[np.ndarray], allowed: list[n
     areas : per image (S_i,) superpixel pixel counts (the training weights)
     min_share : each tagged class's least share of its image's area in the training targets
         (:func:`claim_targets`); 0 = plain argmax
+    negatives : train each class against every other class, untagged ones included (the negative
+        bags; see :func:`~tasks.proposal_classifier.train_proposal_classifier`)
 
     progress : called after each iteration with (iteration, changed share, loss)
 
@@ -108,7 +110,8 @@ def refine(features: list[np.ndarray], prelim: list[np.ndarray], allowed: list[n
     total_area = float(sum(a.sum() for a in areas))
     for it in range(iterations):
         model, hist = train_proposal_classifier(features, labels, allowed, hidden=hidden, epochs=epochs, lr=lr,
-                                                batch_size=batch_size, seed=seed + it, weights=areas)
+                                                batch_size=batch_size, seed=seed + it, weights=areas,
+                                                negatives=negatives)
         losses.append(hist[-1])
         new = [targets(evidence(model, x, p, t, prior_weight), t, a)
                for x, p, t, a in zip(features, prelim, allowed, areas)]

@@ -62,14 +62,22 @@ def proposal_targets(membership: sp.csr_matrix, sp_prob: np.ndarray, sp_areas: n
 
 def train_proposal_classifier(features: list[np.ndarray], targets: list[np.ndarray], tags: list[np.ndarray], *,
                               hidden: int = 256, epochs: int = 30, lr: float = 1e-3, batch_size: int = 1024,
-                              seed: int = 0, weights: list[np.ndarray] | None = None) -> tuple[ProposalMLP, list[float]]:
+                              seed: int = 0, weights: list[np.ndarray] | None = None,
+                              negatives: bool = False) -> tuple[ProposalMLP, list[float]]:
     """Train the proposal classifier with soft cross-entropy over the tagged classes.
+
+    With ``negatives`` the softmax of training runs over every class, not only the image's tags:
+    an untagged class is a known negative for everything in the image (the negative bags of
+    multiple-instance learning), so each class is trained against its look-alikes across the
+    whole corpus, not only against the classes it shares images with. Prediction still
+    restricts to the tags (:func:`predict_proposals`).
 
     Parameters
     ----------
     features : per image (P_i, D) float
     targets : per image (P_i, K) soft targets (rows sum to 1 over the tagged classes)
     tags : per image (K,) bool
+    negatives : softmax over all classes in training (untagged classes pushed down), not only the tags
 
     Returns
     -------
@@ -98,7 +106,9 @@ def train_proposal_classifier(features: list[np.ndarray], targets: list[np.ndarr
         total = 0.0
         for i in range(steps):
             idx = perm[i * batch_size:(i + 1) * batch_size]
-            logits = model(x[idx]).masked_fill(~mask[idx], -1e4)
+            logits = model(x[idx])
+            if not negatives:
+                logits = logits.masked_fill(~mask[idx], -1e4)
             loss = (-(y[idx] * F.log_softmax(logits, 1)).sum(1) * wt[idx]).mean()
             opt.zero_grad(set_to_none=True)
             loss.backward()

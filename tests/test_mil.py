@@ -127,3 +127,35 @@ def test_refine_off_and_bad_input():
     assert np.allclose(evidence(None, feats[1], prelims[1], allowed[1], 0.3).sum(1), 1)
     with pytest.raises(ValueError, match="image 1"):
         refine(feats, [prelims[0], prelims[1][:3]], allowed, areas)
+
+
+def test_negatives_separate_classes_that_share_every_image():
+    """Classes 0 (face) and 1 (body) are tagged together in every image where 0 appears, and the
+    preliminary result cannot tell them apart (a tie, so the argmax gives everything to 0). Class 1
+    also appears with class 2 alone. Only the images not tagged 0 say what 0 is not: with the
+    softmax over every class in training (negatives) the MIL learns that body-looking superpixels
+    are not class 0; with the softmax over the tags alone those images teach the 0-vs-1 choice
+    nothing and body stays class 0."""
+    rng = np.random.default_rng(5)
+    feats, prelims, allowed, areas, truth = [], [], [], [], []
+    for i in range(40):
+        face = i % 2 == 0
+        y = np.where(rng.random(30) < 0.5, 1, 0 if face else 2)
+        x = rng.normal(size=(30, 3)).astype(np.float32)
+        x[np.arange(30), y] += 4  # each class readable from its own feature
+        tags = np.array([face, True, not face])
+        p = np.where(tags, 1.0, 0.0)[None].repeat(30, 0).astype(np.float32)
+        if not face:
+            p[y == 1], p[y == 2] = [0, 0.8, 0.2], [0, 0.2, 0.8]  # localised where the classes differ
+        p /= p.sum(1, keepdims=True)
+        feats.append(x), prelims.append(p), areas.append(np.full(30, 100)), truth.append(y)
+        allowed.append(tags)
+    kw = dict(iterations=3, prior_weight=0.3, hidden=0, epochs=20, lr=1e-2, batch_size=64)
+
+    def face_images_accuracy(res):
+        idx = [i for i in range(40) if i % 2 == 0]
+        return _accuracy([evidence(res.model, feats[i], prelims[i], allowed[i], 0.3) for i in idx],
+                         [allowed[i] for i in idx], [truth[i] for i in idx])
+    tags_only = face_images_accuracy(refine(feats, prelims, allowed, areas, negatives=False, **kw))
+    everyone = face_images_accuracy(refine(feats, prelims, allowed, areas, negatives=True, **kw))
+    assert tags_only < 0.7 and everyone > 0.95, (tags_only, everyone)

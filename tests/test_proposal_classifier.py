@@ -37,3 +37,26 @@ def test_classifier_learns_and_respects_tags():
     # a class that is not tagged gets no probability
     q = predict_proposals(model, x, np.array([True, True, False]))
     assert q[:, 2].max() == 0 and np.allclose(q.sum(1), 1)
+
+
+def test_negatives_learn_from_images_without_the_tag():
+    """Images tagged {0, 1} say nothing about which proposal is which (uniform targets); images
+    tagged {1} alone show what class 1 looks like. Only with ``negatives`` do those images count
+    against class 0, so the classifier prefers 1 on class-1-looking proposals."""
+    rng = np.random.default_rng(2)
+    feats, targets, tags = [], [], []
+    for i in range(30):
+        both = i % 2 == 0
+        y = rng.integers(0, 2, 40) if both else np.ones(40, int)
+        x = rng.normal(size=(40, 3)).astype(np.float32)
+        x[:, 0] += 4 * y
+        feats.append(x)
+        targets.append(np.tile([0.5, 0.5, 0.0], (40, 1)).astype(np.float32) if both
+                       else np.eye(3, dtype=np.float32)[y])
+        tags.append(np.array([True, True, False]) if both else np.array([False, True, False]))
+    x1 = np.array([[4, 0, 0]], np.float32)
+    both = np.array([True, True, False])
+    p = {neg: predict_proposals(train_proposal_classifier(feats, targets, tags, hidden=0, epochs=20, lr=1e-2,
+                                                          batch_size=64, negatives=neg)[0], x1, both)[0, 1]
+         for neg in (False, True)}
+    assert abs(p[False] - 0.5) < 0.1 and p[True] > 0.8, p
