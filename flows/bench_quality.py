@@ -193,10 +193,14 @@ def ablation_variants(config) -> dict[str, dict]:
         out["no_mil_claim"] = {"what": "MIL targets by plain argmax (tagged classes claim no least area)",
                                "overrides": {"mil.min_share": 0.0}}
     if config.mil.iterations > 0:
-        out["mil_" + ("tags_only" if config.mil.negatives else "negatives")] = {
-            "what": ("MIL softmax over the tags only in training (no negatives from untagged classes)"
-                     if config.mil.negatives else "MIL softmax over every class in training (untagged = negative)"),
-            "overrides": {"mil.negatives": not config.mil.negatives}}
+        for mode, what in (("off", "MIL softmax over the tags only in training (no negatives from untagged classes)"),
+                           ("first_round", "MIL negatives (softmax over every class) in round 0 only"),
+                           ("all_rounds", "MIL negatives (softmax over every class) in every round")):
+            if mode != config.mil.negatives:
+                out[f"mil_negatives_{mode}"] = {"what": f"{what} instead of {config.mil.negatives}",
+                                                "overrides": {"mil.negatives": mode}}
+        if config.mil.negatives == "first_round":  # acts from round 1 on
+            out["mil_negatives_all_rounds"]["from_round"] = 1
     out["proposals_" + ("tags_only" if p.negatives else "negatives")] = {
         "what": ("proposal classifier trained over the tags only" if p.negatives
                  else "proposal classifier trained over every class (untagged = negative)"),

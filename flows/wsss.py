@@ -236,8 +236,8 @@ def train_round_mil(run_dir: str, r: int, records: list[ImageRecord], key: str, 
             tracker.log_metrics({"mil_changed_share": changed, "mil_loss": loss}, step=i)
 
     res = mil.refine(feats, prelims, tags, areas, iterations=m.iterations, prior_weight=m.prior_weight,
-                     hidden=m.hidden, min_share=m.min_share, negatives=m.negatives, epochs=m.epochs, lr=m.lr, seed=cfg.seed + r,
-                     progress=report)
+                     hidden=m.hidden, min_share=m.min_share, negatives=m.negatives_in(r), epochs=m.epochs, lr=m.lr,
+                     seed=cfg.seed + r, progress=report)
     out.parent.mkdir(parents=True, exist_ok=True)
     torch.save({"model": res.model, "changed": res.changed, "losses": res.losses}, out)
     return out

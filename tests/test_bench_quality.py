@@ -78,7 +78,8 @@ def test_ablation_variants_flag_what_the_config_cannot_express():
     assert bq.ablation_variants(on)["no_iou_filter"]["overrides"] == {"proposals.t1": 0.0, "proposals.p1": 0.0}
     assert v["no_mil_claim"]["overrides"] == {"mil.min_share": 0.0}
     # the MIL trains against untagged classes by default, the proposal classifier does not
-    assert v["mil_tags_only"]["overrides"] == {"mil.negatives": False} and "mil_negatives" not in v
+    assert v["mil_negatives_off"]["overrides"] == {"mil.negatives": "off"} and "mil_negatives_first_round" not in v
+    assert v["mil_negatives_all_rounds"]["from_round"] == 1
     assert v["proposals_negatives"]["overrides"] == {"proposals.negatives": True}
     assert "seeding_random_walker" not in v and {"seeding_grabcut", "seeding_none"} <= set(v)
     assert {"no_edges", "superpixel_skimage_slic", "superpixel_felzenszwalb", "fusion_threshold", "no_mil",
