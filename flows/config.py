@@ -73,7 +73,10 @@ class ProposalConfig(BaseModel):
                                                    "least p1")
     t2: float = Field(0.1, ge=0, le=1)
     p2: float = Field(0.2, ge=0, le=1)
-    fusion: Literal["topk", "threshold"] = "topk"
+    fusion: Literal["topk", "threshold"] = Field("threshold", description=(
+        "per-class fusion of the positive proposals (METHOD.md step 6): every proposal with probability >= "
+        "threshold, or the k most probable. Measured on msrc21 train against top-k 5: round 0 +0.020 and "
+        "+0.010 mIoU (two runs), round 2 +0.019"))
     k: int = 5
     threshold: float = 0.5
     clustering: Literal["kmeans", "quantile", "threshold"] = "kmeans"

@@ -82,7 +82,7 @@ def test_ablation_variants_flag_what_the_config_cannot_express():
     assert v["mil_negatives_all_rounds"]["from_round"] == 1
     assert v["proposals_negatives"]["overrides"] == {"proposals.negatives": True}
     assert "seeding_random_walker" not in v and {"seeding_grabcut", "seeding_none"} <= set(v)
-    assert {"no_edges", "superpixel_skimage_slic", "superpixel_felzenszwalb", "fusion_threshold", "no_mil",
+    assert {"no_edges", "superpixel_skimage_slic", "superpixel_felzenszwalb", "fusion_topk", "no_mil",
             "no_seed_prior", "no_prelim_normalize", "no_class_balance"} <= set(v)
     assert "no_round_prior" in bq.ablation_variants(WSSSConfig(prior_weight=0.5))
     assert v["no_mil"]["overrides"] == {"mil.iterations": 0}
@@ -109,7 +109,7 @@ def test_bench_quality_end_to_end(tmp_path, prefect_harness, capsys):
                      for r in rows[1:]]) + "\n")
     run, out = tmp_path / "run", tmp_path / "res" / "q.json"
     args = _parse(["bench", "quality", "--data", str(data), "--split", "train", "--out", str(out),
-                   "--run-dir", str(run), "--workers", "2", "--ablate", "fusion_threshold", "no_edges",
+                   "--run-dir", str(run), "--workers", "2", "--ablate", "fusion_topk", "no_edges",
                    "--set", "classifier.epochs=3", "--set", "classifier.size=96", "--set", "classifier.width=8",
                    "--set", "segmentation.epochs=1", "--set", "segmentation.options={\"width\": 8}", "--set", "segmentation.crop=96",
                    "--set", "segmentation.num_workers=0", "--set", "proposals.epochs=3",
@@ -148,14 +148,14 @@ def test_bench_quality_end_to_end(tmp_path, prefect_harness, capsys):
         assert set(np.unique(crf)) <= set(np.flatnonzero(classes.tag_vector(rec.tags)))
 
     # the ablation variant reused the corpus, cache and classifier instead of recomputing them
-    a = res["ablations"]["fusion_threshold"]
+    a = res["ablations"]["fusion_topk"]
     assert "error" not in a and 0.0 <= a["pseudo_label_miou"] <= 1.0
-    vdir = run / "ablate-fusion_threshold"
+    vdir = run / "ablate-fusion_topk"
     for name in ("corpus", "cache", "classifier.pt"):
         assert (vdir / name).is_symlink() and (vdir / name).resolve() == (run / name).resolve()
     assert (vdir / "rounds" / "r000" / "prelim.zarr").is_symlink()
     assert json.loads((vdir / "config.json").read_text())["proposals"]["fusion"] == "threshold"
-    assert "| fusion_threshold |" in out.with_suffix(".md").read_text()
+    assert "| fusion_topk |" in out.with_suffix(".md").read_text()
     # label-only: compared with the main run's round 0, and no model is trained after its labels
     assert res["ablation_round"] == 0 and res["ablation_reference_miou"] == res["rounds"][0]["pseudo_label_miou"]
     assert a["delta"] == pytest.approx(a["pseudo_label_miou"] - res["ablation_reference_miou"])
