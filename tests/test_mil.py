@@ -159,3 +159,13 @@ def test_negatives_separate_classes_that_share_every_image():
     tags_only = face_images_accuracy(refine(feats, prelims, allowed, areas, negatives=False, **kw))
     everyone = face_images_accuracy(refine(feats, prelims, allowed, areas, negatives=True, **kw))
     assert tags_only < 0.7 and everyone > 0.95, (tags_only, everyone)
+
+
+def test_negatives_by_round():
+    from flows.config import MILConfig
+
+    assert [MILConfig().negatives_in(r) for r in (0, 1, 2)] == [True, False, False]  # the default: round 0 only
+    assert [MILConfig(negatives="all_rounds").negatives_in(r) for r in (0, 3)] == [True, True]
+    assert [MILConfig(negatives="off").negatives_in(r) for r in (0, 3)] == [False, False]
+    with pytest.raises(ValueError):
+        MILConfig(negatives="sometimes")
