@@ -154,7 +154,7 @@ def test_bench_quality_end_to_end(tmp_path, prefect_harness, capsys):
     for name in ("corpus", "cache", "classifier.pt"):
         assert (vdir / name).is_symlink() and (vdir / name).resolve() == (run / name).resolve()
     assert (vdir / "rounds" / "r000" / "prelim.zarr").is_symlink()
-    assert json.loads((vdir / "config.json").read_text())["proposals"]["fusion"] == "threshold"
+    assert json.loads((vdir / "config.json").read_text())["proposals"]["fusion"] == "topk"
     assert "| fusion_topk |" in out.with_suffix(".md").read_text()
     # label-only: compared with the main run's round 0, and no model is trained after its labels
     assert res["ablation_round"] == 0 and res["ablation_reference_miou"] == res["rounds"][0]["pseudo_label_miou"]
