@@ -197,10 +197,10 @@ def ablation_variants(config) -> dict[str, dict]:
                            ("first_round", "MIL negatives (softmax over every class) in round 0 only"),
                            ("all_rounds", "MIL negatives (softmax over every class) in every round")):
             if mode != config.mil.negatives:
+                # first_round and all_rounds differ only from round 1 on
+                late = {mode, config.mil.negatives} == {"first_round", "all_rounds"}
                 out[f"mil_negatives_{mode}"] = {"what": f"{what} instead of {config.mil.negatives}",
-                                                "overrides": {"mil.negatives": mode}}
-        if config.mil.negatives == "first_round":  # acts from round 1 on
-            out["mil_negatives_all_rounds"]["from_round"] = 1
+                                                "overrides": {"mil.negatives": mode}, "from_round": int(late)}
     out["proposals_" + ("tags_only" if p.negatives else "negatives")] = {
         "what": ("proposal classifier trained over the tags only" if p.negatives
                  else "proposal classifier trained over every class (untagged = negative)"),
