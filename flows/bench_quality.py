@@ -344,11 +344,14 @@ def markdown_report(res: dict) -> str:
     for r in res["rounds"]:
         lines.append(f"| ours, round {r['round']} | {_f(r['pseudo_label_miou'])} | | {_f(r['changed_share'])} | "
                      f"{_f(r['ignore_share'])} |")
-    lines += ["", f"| models on {res['eval_split']} | mIoU |", "|---|---|",
-              f"| WSSS model (final round, pseudo-labels) | {_f(res['wsss_model_miou'])} |",
-              f"| supervised (masks of {res['split']}, {res['supervised_epochs']} epochs) | "
-              f"{_f(res['supervised_model_miou'])} |",
-              f"| WSSS / supervised | {_f(res['wsss_over_supervised'], 3)} |"]
+    u = res.get("ungated")
+    head = f"| models on {res['eval_split']} | mIoU{' (gated by the image classifier) | ungated' if u else ''} |"
+    def row(name: str, key: str, p: int = 4) -> str:
+        return f"| {name} | {_f(res[key], p)} |" + (f" {_f(u[key], p)} |" if u else "")
+    lines += ["", head, "|---|---|" + ("---|" if u else ""),
+              row("WSSS model (final round, pseudo-labels)", "wsss_model_miou"),
+              row(f"supervised (masks of {res['split']}, {res['supervised_epochs']} epochs)", "supervised_model_miou"),
+              row("WSSS / supervised", "wsss_over_supervised", 3)]
     pc = res["per_class_iou"]
     names = list(pc["ours"])
     lines += ["", "## Per-class IoU (pseudo-labels)", "", "| class | CAM | CAM+CRF | ours |", "|---|---|---|---|"]
@@ -419,8 +422,8 @@ def _bench_flow(data: str, run_dir: str, config, address: str, eval_split: str |
                 crf: dict | None = None, compare: list[str] | None = None,
                 compare_seconds: float = 300.0, ablate_rounds: int = 1) -> dict:
     """Steps 1-7 of the module docstring; returns the result dict (without writing files)."""
-    from flows.wsss import (compute_all_features, evaluate_sources, ingest, run_shards, runner, shards_of,
-                            train_round_segmenter, train_wsss)
+    from flows.wsss import (compute_all_features, evaluate_sources, gate_options, ingest, run_shards, runner,
+                            shards_of, train_round_segmenter, train_wsss)
 
     crf_task, _ = _prefect_parts()
     t0 = time.perf_counter()
@@ -455,8 +458,10 @@ def _bench_flow(data: str, run_dir: str, config, address: str, eval_split: str |
                           config.shard_size, stage="evaluate pseudo-labels")
     stages["baselines"] = time.perf_counter() - t
 
-    # 3. the final model on the eval split
+    # 3. the final model on the eval split (gated by the image classifier per config.inference;
+    # the ungated figures are kept beside the gated ones)
     t = time.perf_counter()
+    gate = gate_options(str(run), config)
     eval_split = eval_split or "val"
     eval_records = store.manifest(eval_split)
     if not any(r.has_mask for r in eval_records):
@@ -467,7 +472,7 @@ def _bench_flow(data: str, run_dir: str, config, address: str, eval_split: str |
     eval_key = compute_all_features(str(run), eval_records, config)
     final_model = store.round_dir(final_r) / "model.pt"
     wsss_ev = evaluate_sources(str(run), eval_records, [["model", eval_split]], config.shard_size,
-                               stage="evaluate WSSS model", model_path=str(final_model), key=eval_key)
+                               stage="evaluate WSSS model", model_path=str(final_model), key=eval_key, **gate)
     stages["evaluate_model"] = time.perf_counter() - t
 
     # 4. supervised reference: same network, same total epochs, masks instead of pseudo-labels
@@ -481,13 +486,14 @@ def _bench_flow(data: str, run_dir: str, config, address: str, eval_split: str |
     sup_path, _ = train_round_segmenter(str(run), 0, records, key, sup_cfg, None, label_round=None,
                                         out=run / "supervised" / "model.pt")
     sup_ev = evaluate_sources(str(run), eval_records, [["model", eval_split]], config.shard_size,
-                              stage="evaluate supervised model", model_path=str(sup_path), key=eval_key)
+                              stage="evaluate supervised model", model_path=str(sup_path), key=eval_key, **gate)
     stages["supervised"] = time.perf_counter() - t
 
     def miou(d: dict, k: str) -> float | None:
         return d.get(k, {}).get("miou")
 
     wsss_m, sup_m = miou(wsss_ev, f"model:{eval_split}"), miou(sup_ev, f"model:{eval_split}")
+    wsss_u, sup_u = miou(wsss_ev, f"model_ungated:{eval_split}"), miou(sup_ev, f"model_ungated:{eval_split}")
     ours = ev[f"{final_r}:pseudo"]
     res: dict[str, Any] = {
         "dataset": Path(data).name, "data_dir": str(Path(data).resolve()), "run_dir": str(run.resolve()),
@@ -501,6 +507,9 @@ def _bench_flow(data: str, run_dir: str, config, address: str, eval_split: str |
                       for name in ("cam", "cam_crf")},
         "wsss_model_miou": wsss_m, "supervised_model_miou": sup_m,
         "wsss_over_supervised": (wsss_m / sup_m) if wsss_m is not None and sup_m else None,
+        "model_gate": "image classifier" if gate else None,
+        "ungated": {"wsss_model_miou": wsss_u, "supervised_model_miou": sup_u,
+                    "wsss_over_supervised": (wsss_u / sup_u) if wsss_u is not None and sup_u else None} if gate else None,
         "supervised_epochs": sup_cfg.segmentation.epochs,
         "per_class_iou": {"ours": ours["per_class_iou"], "cam": ev["0:cam"]["per_class_iou"],
                           "cam_crf": ev["0:cam_crf"]["per_class_iou"]},
@@ -592,7 +601,7 @@ def compare_models(run: Path, records: list[ImageRecord], eval_records: list[Ima
     evaluated on ``eval_records``. The budget becomes whole epochs from each network's measured
     training speed, so every run completes its learning-rate schedule; ``fit``'s own time
     budget (``max_seconds``) stops a run that turns out slower than measured."""
-    from flows.wsss import evaluate_sources, train_round_segmenter
+    from flows.wsss import evaluate_sources, gate_options, train_round_segmenter
 
     seg = config.segmentation
     wanted = [(seg.model, dict(seg.options))] + [parse_model_spec(s) for s in specs]
@@ -621,7 +630,8 @@ def compare_models(run: Path, records: list[ImageRecord], eval_records: list[Ima
                                                  out=folder / f"{what}.pt")
             train_s = time.perf_counter() - t
             ev = evaluate_sources(str(run), eval_records, [["model", eval_split]], config.shard_size,
-                                  stage=f"evaluate {tag} {what}", model_path=str(path), key=eval_key)
+                                  stage=f"evaluate {tag} {what}", model_path=str(path), key=eval_key,
+                                  **gate_options(str(run), config))
             m = ev.get(f"model:{eval_split}", {})
             entry[what] = {"miou": m.get("miou"), "per_class_iou": m.get("per_class_iou"), "checkpoint": str(path),
                            "train_seconds": train_s if result is not None else None,

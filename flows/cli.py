@@ -169,8 +169,10 @@ def cmd_evaluate(args) -> int:
     with dask_cluster(args.dask_address, args.workers, Path(args.run_dir)) as address:
         res = evaluate.with_options(task_runner=runner(address))(str(Path(args.run_dir).resolve()), args.round,
                                                                  args.split, args.source)
+    gate = (f" (gated by the image classifier; ungated {res['ungated_miou']:.4f})"
+            if res.get("gated") else "")
     print(f"round {res['round']} {args.source} on {args.split}: mIoU {res['miou']:.4f}, "
-          f"pixel accuracy {res['pixel_accuracy']:.4f}")
+          f"pixel accuracy {res['pixel_accuracy']:.4f}{gate}")
     for name, v in res["per_class_iou"].items():
         print(f"  {name:>12} {'-' if v is None else f'{v:.3f}'}")
     return 0
@@ -235,7 +237,10 @@ def parser() -> argparse.ArgumentParser:
     _common(p, "runs/default")
     p.add_argument("--round", type=int, default=None, help="round to evaluate (default: the last)")
     p.add_argument("--split", default="train")
-    p.add_argument("--source", choices=["pseudo", "cam", "model"], default="pseudo")
+    p.add_argument("--source", choices=["pseudo", "cam", "model"], default="pseudo",
+                   help="pseudo: the round's labels; cam: round 0's CAM labels; model: the round's segmenter on "
+                        "the split, gated by the image classifier when the run's inference.gate is on (the "
+                        "default; the ungated figure is printed beside it)")
     p.set_defaults(func=cmd_evaluate)
 
     p = sub.add_parser("ui", help="start the Prefect and MLflow UIs on 127.0.0.1")

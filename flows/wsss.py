@@ -359,6 +359,15 @@ def evaluate_sources(run_dir: str, records: list[ImageRecord], sources: list[lis
     return out
 
 
+def gate_options(run_dir: str, config: WSSSConfig) -> dict:
+    """``evaluate_shard`` keywords of ``config.inference``: the run's image classifier and its
+    scales when the model's output is gated, nothing otherwise (or when the run has none)."""
+    path = Store(run_dir).root / "classifier.pt"
+    if not config.inference.gate or not path.exists():
+        return {}
+    return {"classifier_path": str(path), "gate_scales": list(config.classifier.cam_scales)}
+
+
 @flow(name="evaluate")
 def evaluate(run_dir: str, round_index: int | None = None, split: str = "train", source: str = "pseudo",
              shard_size: int = 16) -> dict:
@@ -372,13 +381,18 @@ def evaluate(run_dir: str, round_index: int | None = None, split: str = "train",
     records = store.manifest(split)
     if source == "model":
         key = (store.read_round(r) or {}).get("feature_key")
+        cfg_path = store.root / "config.json"
+        config = WSSSConfig.model_validate_json(cfg_path.read_text()) if cfg_path.exists() else WSSSConfig()
         res = evaluate_sources(run_dir, records, [["model", split]], shard_size,
-                               model_path=str(store.round_dir(r) / "model.pt"), key=key)
+                               model_path=str(store.round_dir(r) / "model.pt"), key=key,
+                               **gate_options(run_dir, config))
     else:
         res = evaluate_sources(run_dir, records, [[r, source]], shard_size)
     if not res:
         raise ValueError(f"no image of split {split!r} has a ground-truth mask to evaluate against")
-    value = next(iter(res.values()))
+    value = res[f"model:{split}"] if source == "model" else next(iter(res.values()))
+    if f"model_ungated:{split}" in res:  # the gate's effect, beside the gated figure
+        value = {**value, "gated": True, "ungated_miou": res[f"model_ungated:{split}"]["miou"]}
     create_markdown_artifact(key="evaluation", markdown=_md_table([{"round": r, "split": split, "source": source,
                                                                    "miou": value["miou"]}]))
     return {"round": r, "split": split, "source": source, **value}
@@ -515,20 +529,21 @@ def train_wsss(run_dir: str, config: WSSSConfig = WSSSConfig(), dask_address: st
     return summary
 
 
-# How many rounds to run changes no round's content: a run may be taken further (or stopped
-# earlier) on the same directory, and its finished rounds are reused.
-ROUND_BUDGET_FIELDS = ("max_rounds",)
+# How many rounds to run, and how the trained model labels untagged images, change no round's
+# content: a run may be taken further (or stopped earlier) on the same directory, and its
+# finished rounds are reused.
+NOT_IN_ROUNDS = ("max_rounds", "inference")
 
 
 def _check_config(root: Path, config: WSSSConfig) -> None:
     """A run directory belongs to one configuration: resuming with another would mix them
-    (the round budget aside, which config.json then records as last asked)."""
+    (the round budget and inference settings aside, which config.json then records as last asked)."""
     path = root / "config.json"
     current = config.model_dump(mode="json")
     if path.exists():
         previous = json.loads(path.read_text())
         diff = sorted(k for k in set(previous) | set(current)
-                      if previous.get(k) != current.get(k) and k not in ROUND_BUDGET_FIELDS)
+                      if previous.get(k) != current.get(k) and k not in NOT_IN_ROUNDS)
         if diff:
             raise ValueError(f"{path}: this run directory was started with a different configuration "
                              f"(differs in: {', '.join(diff)}); use a new --run-dir, or delete rounds/ and "

@@ -9,6 +9,7 @@ import json
 import time
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Sequence
 
 import numpy as np
 import scipy.sparse as sp
@@ -79,6 +80,18 @@ def restrict(prob: np.ndarray, allowed: np.ndarray, eps: float = 1e-6) -> np.nda
     """(K, H, W) probabilities renormalised over the ``allowed`` classes (zero elsewhere)."""
     p = np.where(allowed[:, None, None], np.maximum(prob, 0) + eps, 0.0).astype(np.float32)
     return p / p.sum(0, keepdims=True)
+
+
+def gate_probs(prob: np.ndarray, class_probs: np.ndarray, object_classes: Sequence[int]) -> np.ndarray:
+    """(K, H, W) segmentation probabilities of an untagged image, each object class weighted by
+    the image classifier's probability that the image shows it (``class_probs``, one per entry
+    of ``object_classes``) and renormalised; the implicit background, if any, keeps weight 1.
+
+    The tags' role at inference: where a training image's tags restrict its labels, an unseen
+    image's class probabilities damp the classes it most likely lacks."""
+    gate = np.ones(prob.shape[0], np.float32)
+    gate[np.asarray(object_classes, int)] = np.clip(class_probs, 0.0, 1.0)
+    return restrict(prob * gate[:, None, None], np.ones(prob.shape[0], bool))
 
 
 def cam_to_prob(cams: np.ndarray, allowed: np.ndarray, background: int | None,
@@ -285,19 +298,26 @@ def pseudo_shard(run_dir: str, ids: list[str], round_index: int, clf_path: str, 
 
 
 def evaluate_shard(run_dir: str, ids: list[str], sources: list[list], model_path: str | None = None,
-                   key: str | None = None) -> dict:
+                   key: str | None = None, classifier_path: str | None = None,
+                   gate_scales: Sequence[float] = (1.0,)) -> dict:
     """Confusion matrices of label sources against the masks (the only place masks are read).
 
     ``sources``: [round, name] pairs of stored label maps, or ["model", split] to predict with
-    ``model_path`` first.
+    ``model_path`` first. With ``classifier_path`` the model's output is gated by the image
+    classifier (:func:`gate_probs`, the classifier at ``gate_scales``) and the ungated output is
+    measured too, as "model_ungated:<split>".
     """
     _worker_setup()
     store = Store(run_dir)
     n = store.classes().n
     accs = {f"{a}:{b}": ConfusionAccumulator(n) for a, b in sources}
-    model = None
+    model = clf = None
     if model_path:
         model, state = models.load_checkpoint(model_path)
+    if model_path and classifier_path:
+        clf, clf_state = models.load_checkpoint(classifier_path)
+        obj = clf_state["meta"]["object_classes"]
+        accs.update({f"model_ungated:{b}": ConfusionAccumulator(n) for a, b in sources if a == "model"})
     for rec in records_by_id(store.manifest(), ids):
         gt = store.mask(rec.image_id)
         if gt is None:
@@ -306,7 +326,11 @@ def evaluate_shard(run_dir: str, ids: list[str], sources: list[list], model_path
             if a == "model":
                 image = store.image(rec.image_id)
                 edges = load_edges(store, rec, key) if state["in_channels"] == 4 else None
-                pred = restrict(tr.predict_probs(model, image, edges), np.ones(n, bool)).argmax(0).astype(np.uint8)
+                prob = tr.predict_probs(model, image, edges)
+                if clf is not None:
+                    accs[f"model_ungated:{b}"].update(prob.argmax(0).astype(np.uint8), gt)
+                    prob = gate_probs(prob, tr.image_class_probs(clf, image, scales=tuple(gate_scales)), obj)
+                pred = prob.argmax(0).astype(np.uint8)
             else:
                 pred = store.pseudo(int(a), rec.image_id, name=b)
                 if pred is None:

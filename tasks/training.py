@@ -8,7 +8,7 @@
 * ``ContextDataset`` (:func:`context_sample`): crops that carry their whole image's coarse
   view and box, for networks that need global context (``needs_global_context``, the
   global-local network); ``train_step`` passes such batches as keyword inputs.
-* ``predict_probs`` / ``class_activation_maps``: inference on one image.
+* ``predict_probs`` / ``class_activation_maps`` / ``image_class_probs``: inference on one image.
 
 The device is chosen automatically (CUDA, then CPU); on CUDA the step runs under bfloat16
 autocast and tensors are channels_last (on CPU, contiguous is faster).
@@ -459,6 +459,24 @@ def predict_probs(model: nn.Module, image: np.ndarray, edge: np.ndarray | None, 
     if flip:
         prob = 0.5 * (prob + model(x.flip(-1)).softmax(1).flip(-1))
     return prob[0].float().cpu().numpy()
+
+
+@torch.no_grad()
+def image_class_probs(model: nn.Module, image: np.ndarray, *, scales: Sequence[float] = (1.0,), flip: bool = True,
+                      device: torch.device | None = None) -> np.ndarray:
+    """(K,) float32 sigmoid of a multi-label image classifier on one image, averaged over the
+    image ``scales`` and (``flip``) its mirror image."""
+    device = device or next(model.parameters()).device
+    model.eval()
+    h, w = image.shape[:2]
+    acc = []
+    for s in scales:
+        im = image if s == 1.0 else cv2.resize(image, (max(16, int(w * s)), max(16, int(h * s))),
+                                                interpolation=cv2.INTER_LINEAR)
+        x = torch.from_numpy(to_input(im, None))[None].to(device)
+        xs = torch.cat([x, x.flip(-1)]) if flip else x
+        acc.append(torch.sigmoid(model(xs)).mean(0))
+    return torch.stack(acc).mean(0).float().cpu().numpy()
 
 
 @torch.no_grad()

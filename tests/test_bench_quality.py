@@ -127,6 +127,11 @@ def test_bench_quality_end_to_end(tmp_path, prefect_harness, capsys):
     assert all(isinstance(v, float) and 0.0 <= v <= 1.0 for v in values), values
     sup = res["supervised_model_miou"]
     assert res["wsss_over_supervised"] == (pytest.approx(res["wsss_model_miou"] / sup) if sup > 0 else None)
+    # the models are gated by the image classifier (config.inference), the ungated figures kept beside
+    u = res["ungated"]
+    assert res["model_gate"] == "image classifier" and res["config"]["inference"]["gate"] is True
+    assert all(0.0 <= u[k] <= 1.0 for k in ("wsss_model_miou", "supervised_model_miou"))
+    assert "| mIoU (gated by the image classifier) | ungated |" in out.with_suffix(".md").read_text()
     assert [r["round"] for r in res["rounds"]] == [0] and res["final_round"] == 0
     for k in ("ours", "cam", "cam_crf"):
         assert set(res["per_class_iou"][k]) == set(Store(run).classes().names)

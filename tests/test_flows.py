@@ -51,8 +51,8 @@ def test_train_wsss_end_to_end(tmp_path, prefect_harness, cluster, one_torch_thr
 
 
 def _end_to_end(tmp_path, cluster, mlflow):
-    from flows.config import WSSSConfig
-    from flows.wsss import ingest, runner, train_wsss
+    from flows.config import InferenceConfig, WSSSConfig
+    from flows.wsss import evaluate, ingest, runner, train_wsss
     from tasks.store import Store
 
     src = copy_sample(tmp_path / "src", E2E_IDS)
@@ -102,6 +102,18 @@ def _end_to_end(tmp_path, cluster, mlflow):
     assert [r["pseudo_label_miou"] for r in fewer["rounds"]] == [r["pseudo_label_miou"] for r in rows[:2]]
     assert (run / "rounds" / "r000" / "round.json").stat().st_mtime_ns == stamp
     assert json.loads((run / "config.json").read_text())["max_rounds"] == 1
+
+    # nor is how the model labels untagged images: `evaluate --source model` follows config.json's
+    # inference.gate, and gated it reports the ungated figure beside its own
+    train_wsss.with_options(task_runner=runner(cluster))(
+        str(run), cfg.model_copy(update={"max_rounds": 1, "inference": InferenceConfig(gate=False)}), cluster)
+    assert (run / "rounds" / "r000" / "round.json").stat().st_mtime_ns == stamp
+    plain = evaluate.with_options(task_runner=runner(cluster))(str(run), 1, "train", "model")
+    assert "gated" not in plain and 0.0 <= plain["miou"] <= 1.0
+    train_wsss.with_options(task_runner=runner(cluster))(str(run), cfg.model_copy(update={"max_rounds": 1}), cluster)
+    gated = evaluate.with_options(task_runner=runner(cluster))(str(run), 1, "train", "model")
+    assert gated["gated"] and gated["ungated_miou"] == pytest.approx(plain["miou"])
+    assert set(gated["per_class_iou"]) == set(Store(run).classes().names)
 
     # a different configuration in the same run directory is refused, not mixed in
     with pytest.raises(ValueError, match="different configuration"):

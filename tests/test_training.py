@@ -279,3 +279,39 @@ def test_max_normalize_lets_every_tagged_class_win_where_it_peaks():
     out = max_normalize(prob, allowed)
     assert out.argmax(0).ravel().tolist() == [0, 0, 0, 1]
     assert np.allclose(out.sum(0), 1) and (out[2] == 0).all()
+
+
+def test_gate_damps_the_classes_the_image_classifier_rules_out():
+    from tasks.pipeline import gate_probs
+
+    # three pixels, background (0) and two object classes; the segmenter prefers class 1 at pixel 0
+    prob = np.array([[0.2, 0.7, 0.1],
+                     [0.5, 0.2, 0.1],
+                     [0.3, 0.1, 0.8]], np.float32)[:, None, :]
+    out = gate_probs(prob, np.array([0.05, 0.9]), object_classes=[1, 2])
+    assert np.allclose(out.sum(0), 1)
+    # pixel 0: 0.2 / 0.025 / 0.27 -> class 2; the background keeps weight 1 and still wins pixel 1
+    assert out.argmax(0).ravel().tolist() == [2, 0, 2]
+    np.testing.assert_allclose(out[:, 0, 0], np.array([0.2, 0.025, 0.27]) / 0.495, rtol=1e-4)
+    # a classifier sure of every class changes nothing
+    np.testing.assert_allclose(gate_probs(prob, np.ones(3), [0, 1, 2]), prob / prob.sum(0), rtol=1e-4)
+
+
+def test_image_class_probs_average_scales_and_flips():
+    from models.small import image_classifier
+
+    torch.manual_seed(0)
+    model = image_classifier(2, 3, width=8, stride=16)
+    with torch.no_grad():  # a classifier that ignores the image: its probabilities are sigmoid(bias)
+        model.classifier.weight.zero_()
+        model.classifier.bias.copy_(torch.tensor([2.0, -1.0]))
+    image = np.random.default_rng(0).integers(0, 255, (40, 60, 3), dtype=np.uint8)
+    q = tr.image_class_probs(model, image, scales=(1.0, 1.5))
+    assert q.shape == (2,) and q.dtype == np.float32
+    np.testing.assert_allclose(q, 1 / (1 + np.exp(-np.array([2.0, -1.0]))), rtol=1e-5)
+    # with real weights the result is the mean over the mirror images and scales
+    model = image_classifier(2, 3, width=8, stride=16).eval()
+    x = torch.from_numpy(tr.to_input(image, None))[None]
+    with torch.no_grad():
+        want = torch.sigmoid(torch.cat([model(x), model(x.flip(-1))])).mean(0).numpy()
+    np.testing.assert_allclose(tr.image_class_probs(model, image), want, rtol=1e-5)
