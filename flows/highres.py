@@ -35,7 +35,7 @@ from typing import Callable, Sequence
 import numpy as np
 
 __all__ = ["read_image", "read_mask", "reduce_mask", "upsample_labels", "load_split", "train_highres",
-           "vessel_scores", "predict", "bench_highres", "segment", "resolve_checkpoint", "write_palette_png",
+           "vessel_scores", "predict", "bench_highres", "segment", "segment_whole", "resolve_checkpoint", "write_palette_png",
            "upsampled_class_shares", "add_segment_parser", "add_bench_highres_parser"]
 
 _ROOT = Path(__file__).resolve().parents[1]
@@ -759,8 +759,12 @@ def _edge_params(checkpoint: Path, meta: dict) -> dict:
 
 def segment(inputs: Sequence[str | os.PathLike], model: str | os.PathLike, out_dir: str | os.PathLike, *,
             patch_size: int | None = None, overlap: int | None = None, batch: int = 4, device: str = "cpu",
-            fov: str = "auto", stats: list | None = None, log: Callable[[str], None] = print) -> list[Path]:
+            fov: str = "auto", stats: list | None = None, log: Callable[[str], None] = print,
+            gate: bool | None = None) -> list[Path]:
     """Segment image files with a global-local checkpoint, with memory bounded by patch and batch.
+
+    Any other checkpoint (the ``small`` or ``fusion`` network of a ``wsseg train`` run) labels
+    each image whole: :func:`segment_whole`.
 
     For each image:
 
@@ -803,6 +807,8 @@ def segment(inputs: Sequence[str | os.PathLike], model: str | os.PathLike, out_d
         ``inference_seconds``, ``fov_found``, ``fov_share``, ``class_shares``, ``png``).
     log : callable(str)
         Progress, one line per image.
+    gate : bool, optional
+        Whole-image models only (:func:`segment_whole`).
 
     Returns
     -------
@@ -812,8 +818,7 @@ def segment(inputs: Sequence[str | os.PathLike], model: str | os.PathLike, out_d
     Raises
     ------
     ValueError
-        On missing inputs, an unusable ``model``, a model other than global-local, or bad
-        options.
+        On missing inputs, an unusable ``model``, or bad options.
     """
     from models import load_checkpoint
     from models.global_local import GlobalLocalNet, IMAGENET_MEAN, IMAGENET_STD, segment_large
@@ -830,8 +835,10 @@ def segment(inputs: Sequence[str | os.PathLike], model: str | os.PathLike, out_d
     checkpoint = resolve_checkpoint(model)
     net, state = load_checkpoint(checkpoint, device=device)
     if not isinstance(net, GlobalLocalNet):
-        raise ValueError(f"{checkpoint}: a {state.get('builder')!r} model; `wsseg segment` needs a global_local "
-                         "model (train with --model global_local, or use `wsseg bench highres`'s checkpoint)")
+        if patch_size is not None or overlap is not None:
+            raise ValueError(f"{checkpoint}: a {state.get('builder')!r} model labels whole images; --patch-size and "
+                             "--overlap apply to global_local models only")
+        return segment_whole(paths, checkpoint, net, state, out_dir, gate=gate, stats=stats, log=log)
     meta = state.get("meta", {})
     scale = float(meta.get("scale", 1.0))
     overlap = int(meta.get("overlap", 0) if overlap is None else overlap)
@@ -921,6 +928,78 @@ def segment(inputs: Sequence[str | os.PathLike], model: str | os.PathLike, out_d
     return written
 
 
+def _run_config(checkpoint: Path) -> tuple[Path, dict] | None:
+    """The run directory of a ``wsseg train`` checkpoint and its config.json, or None."""
+    for folder in list(checkpoint.resolve().parents)[:3]:
+        if (folder / "config.json").is_file():
+            try:
+                return folder, json.loads((folder / "config.json").read_text())
+            except json.JSONDecodeError as e:
+                raise ValueError(f"{folder / 'config.json'}: not readable JSON ({e})") from e
+    return None
+
+
+def segment_whole(paths: Sequence[Path], checkpoint: Path, net, state: dict, out_dir: str | os.PathLike, *,
+                  gate: bool | None = None, stats: list | None = None,
+                  log: Callable[[str], None] = print) -> list[Path]:
+    """Label whole images with a ``wsseg train`` segmenter (``small``, ``fusion``), as ``bench
+    quality`` measures it: flip-averaged class probabilities, weighted by the run's image
+    classifier (``RUN/classifier.pt``) when ``gate`` (default: the run's ``inference.gate``).
+
+    Writes ``<out_dir>/<stem>.png`` (palette PNG of class indices) and ``<stem>_overlay.png``
+    (the labels coloured over the image). ``stats`` receives one dict per image (``image``,
+    ``size``, ``seconds``, ``gated``, ``class_shares``, ``png``, ``overlay``).
+    """
+    from models import load_checkpoint
+    from tasks import training as tr
+    from tasks.overlay import overlay, write_png
+    from tasks.pipeline import gate_probs
+
+    run = _run_config(checkpoint)
+    run_gate = bool(run[1].get("inference", {}).get("gate", True)) if run else False
+    gate = run_gate if gate is None else gate
+    clf = None
+    if gate:
+        if run is None or not (run[0] / "classifier.pt").is_file():
+            raise ValueError(f"{checkpoint}: gating needs the run's image classifier (classifier.pt in the run "
+                             "directory, beside config.json), which was not found; pass --no-gate")
+        clf, clf_state = load_checkpoint(run[0] / "classifier.pt")
+        obj = clf_state["meta"]["object_classes"]
+        scales = tuple(run[1].get("classifier", {}).get("cam_scales", (1.0,)))
+    edges = _edge_params(checkpoint, state.get("meta", {})) if int(state["in_channels"]) == 4 else None
+    out_dir = Path(out_dir)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    n_classes = int(state["num_classes"])
+    names = list(state.get("meta", {}).get("classes", []))
+    palette = _palette(n_classes)
+    written = []
+    for n, path in enumerate(paths, 1):
+        t0 = time.perf_counter()
+        image = read_image(path)  # a ValueError naming the file when it is not a readable image
+        edge = None
+        if edges is not None:
+            from tasks.edges import feature_region_map
+            edge = feature_region_map(image, sigma=edges["sigma"], tau=edges["tau"])
+        prob = tr.predict_probs(net, image, edge)
+        if clf is not None:
+            prob = gate_probs(prob, tr.image_class_probs(clf, image, scales=scales), obj)
+        labels = prob.argmax(0).astype(np.uint8)
+        h, w = labels.shape
+        png, picture = out_dir / f"{path.stem}.png", out_dir / f"{path.stem}_overlay.png"
+        write_palette_png(png, h, w, iter([labels]), palette)
+        write_png(picture, overlay(image, labels))
+        shares = np.bincount(labels.ravel(), minlength=n_classes) / labels.size
+        written.append(png)
+        seconds = time.perf_counter() - t0
+        if stats is not None:
+            stats.append({"image": str(path), "size": [h, w], "seconds": seconds, "gated": clf is not None,
+                          "class_shares": shares.tolist(), "png": str(png), "overlay": str(picture)})
+        top = [c for c in np.argsort(-shares)[:3] if shares[c] > 0]
+        log(f"[{n}/{len(paths)}] {path.name}: {w}x{h}, {seconds:.1f} s{', gated' if clf is not None else ''}, "
+            f"{png}, largest classes " + ", ".join(f"{names[c] if c < len(names) else c} {shares[c]:.2f}" for c in top))
+    return written
+
+
 # ---------------------------------------------------------------------------------------
 # command line
 # ---------------------------------------------------------------------------------------
@@ -929,22 +1008,28 @@ def _segment_main(args: argparse.Namespace) -> int:
     if args.threads:
         torch.set_num_threads(args.threads)
     try:
-        segment(args.inputs, args.model, args.out, patch_size=args.patch_size, overlap=args.overlap,
-                batch=args.batch, device=args.device, fov=args.fov)
+        t0 = time.perf_counter()
+        pngs = segment(args.inputs, args.model, args.out, patch_size=args.patch_size, overlap=args.overlap,
+                       batch=args.batch, device=args.device, fov=args.fov, gate=args.gate)
     except ValueError as e:
         print(f"wsseg segment: error: {e}", file=sys.stderr)
         return 2
+    print(f"{len(pngs)} label map{'s' if len(pngs) != 1 else ''} in {time.perf_counter() - t0:.1f} s: "
+          f"{Path(args.out).resolve()}")
     return 0
 
 
 def add_segment_parser(subparsers) -> argparse.ArgumentParser:
-    """Register ``segment``: apply a global-local checkpoint to images of any size."""
+    """Register ``segment``: label images with a trained checkpoint (global-local: any size)."""
     p = subparsers.add_parser(
-        "segment", help="segment (ultra-)high-resolution images patch by patch with a global-local model",
-        description="Segment images of any size with a global-local model (METHOD.md C): patches plus the "
-                    "whole image's coarse context, stitched with bounded memory. Writes <out>/<stem>.png "
-                    "(palette PNG of class indices) and, above 50 megapixels, <out>/<stem>.zarr. Outside the "
-                    "camera's field of view (a dark surround, as in fundus photographs) pixels get class 0.")
+        "segment", help="label images with a trained model (global-local: any size, patch by patch)",
+        description="Label images with a trained model. A global-local model (METHOD.md C) works patch by patch "
+                    "with the whole image's coarse context, stitched with bounded memory, and writes "
+                    "<out>/<stem>.png (palette PNG of class indices) and, above 50 megapixels, <out>/<stem>.zarr; "
+                    "outside the camera's field of view (a dark surround, as in fundus photographs) pixels get "
+                    "class 0. The small or fusion model of a `wsseg train` run labels each image whole, its class "
+                    "probabilities weighted by the run's image classifier (see --gate), and writes <stem>.png and "
+                    "<stem>_overlay.png.")
     p.add_argument("inputs", nargs="+", help="image files (JPEG/PNG/TIFF)")
     p.add_argument("--model", "--checkpoint", dest="model", required=True, metavar="RUN_OR_CHECKPOINT",
                    help="a checkpoint (.pt), a `wsseg train` run directory (its final model), or a `wsseg bench "
@@ -958,6 +1043,9 @@ def add_segment_parser(subparsers) -> argparse.ArgumentParser:
     p.add_argument("--patch-size", type=int, default=None, help="patch side (default: the model's)")
     p.add_argument("--overlap", type=int, default=None, help="patch overlap in pixels (default: the checkpoint's)")
     p.add_argument("--batch", type=int, default=4, help="patches per forward pass (default 4)")
+    p.add_argument("--gate", action=argparse.BooleanOptionalAction, default=None,
+                   help="whole-image models: weight each class by the run's image classifier (default: the run's "
+                        "inference.gate, on unless changed; what `bench quality` measures)")
     p.add_argument("--device", default="cpu", help="torch device (default cpu)")
     p.add_argument("--threads", type=int, default=None, help="torch CPU threads (default: torch's)")
     p.set_defaults(func=_segment_main)

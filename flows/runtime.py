@@ -104,13 +104,35 @@ def dask_cluster(address: str | None, n_workers: int, run_dir: Path) -> Iterator
             ready()
             yield address
             return
+        import dask
         from distributed import LocalCluster
 
-        with LocalCluster(n_workers=n_workers, threads_per_worker=1, processes=True,
-                          dashboard_address=":0", local_directory=str(run_dir / "dask-scratch"),
-                          silence_logs=40) as cluster:
+        with dask.config.set({"distributed.nanny.pre-spawn-environ": worker_environ()}), \
+                LocalCluster(n_workers=n_workers, threads_per_worker=1, processes=True,
+                             dashboard_address=":0", local_directory=str(run_dir / "dask-scratch"),
+                             silence_logs=40) as cluster:
             ready()
             yield cluster.scheduler_address
+
+
+def worker_environ() -> dict:
+    """The environment Dask's nanny gives our worker processes: its defaults (one BLAS/OpenMP
+    thread) without ``MALLOC_TRIM_THRESHOLD_``. Setting that variable at all switches off
+    glibc's adaptive mmap threshold, so every array above 128 KiB (a class-probability map of
+    one photo is megabytes) is mapped and unmapped afresh and its pages faulted in again: the
+    round-1 preliminary stage of msrc21 (276 images, 2 workers) took 41.8 s with it and 22.4 s
+    without, with system time 40 s against 7 s (``tools/bench_workers.py`` measures it). The
+    cost: a worker keeps freed memory for reuse instead of returning it at once."""
+    import dask
+    import distributed  # noqa: F401  (loads the distributed.* defaults into dask.config)
+
+    env = dict(dask.config.get("distributed.nanny.pre-spawn-environ"))
+    dask_value = env.pop("MALLOC_TRIM_THRESHOLD_", None)
+    # a nanny also writes these variables into this process's environment, which later workers
+    # inherit: drop Dask's value there too (a value of the user's own is kept)
+    if dask_value is not None and os.environ.get("MALLOC_TRIM_THRESHOLD_") == str(dask_value):
+        del os.environ["MALLOC_TRIM_THRESHOLD_"]
+    return env
 
 
 class Progress:

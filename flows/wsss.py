@@ -331,7 +331,10 @@ def train_round_segmenter(run_dir: str, r: int, records: list[ImageRecord], key:
     models.save_checkpoint(out, model, builder_ref=s.model, num_classes=classes.n, in_channels=in_ch,
                            options=dict(s.options),  # weights are in the checkpoint: no `pretrained`
                            meta={"classes": list(classes.names), "round": r, "epochs_run": result.epochs_run,
-                                 "stopped": result.stopped, "feature_key": key})
+                                 "stopped": result.stopped, "feature_key": key,
+                                 # a checkpoint copied away from its run still knows its edge channel
+                                 **({"edges": {"sigma": cfg.features.edge_sigma, "tau": cfg.features.edge_tau}}
+                                    if in_ch == 4 else {})})
     prog.message(f"stopped after {result.epochs_run} epochs ({result.stopped}), "
                  f"{result.images_per_second:.1f} img/s, data wait {100 * result.data_wait_share:.0f}%")
     return out, result

@@ -592,6 +592,7 @@ def pseudo_label(
     downscale=1,
     seed=0,
     prior_weight=0.0,
+    grabcut_iters=3,
 ):
     """The corrected result (pseudo-label) of one image: METHOD.md A steps 5-7.
 
@@ -638,7 +639,7 @@ def pseudo_label(
         :func:`seeded_segmentation` method.
     min_confidence : float, optional
         Pixels whose seeded-segmentation confidence is lower become 255.
-    beta, downscale
+    beta, downscale, grabcut_iters
         :func:`seeded_segmentation` options.
     seed : int, optional
     prior_weight : float, optional
@@ -741,7 +742,7 @@ def pseudo_label(
         prior = prelim[rows]
     seg, confidence = seeded_segmentation(
         image, seeds, method=seeding, beta=beta, downscale=downscale, seed=seed,
-        prior=prior, prior_weight=prior_weight,
+        prior=prior, prior_weight=prior_weight, grabcut_iters=grabcut_iters,
     )
 
     # 6. dataset class indices, ignore

@@ -173,7 +173,8 @@ def make_pseudo_label(image: np.ndarray, feat: ImageFeatures, proposal_prob: np.
         fusion=pcfg["fusion"], k=pcfg["k"], threshold=pcfg["threshold"], clustering=pcfg["clustering"],
         clustering_lo=pcfg["clustering_lo"], clustering_hi=pcfg["clustering_hi"],
         seeding=pcfg["seeding"], min_confidence=pcfg["min_confidence"], beta=pcfg["beta"],
-        downscale=pcfg["downscale"], seed=seed, prior_weight=pcfg["seed_prior_weight"])
+        downscale=pcfg["downscale"], seed=seed, prior_weight=pcfg["seed_prior_weight"],
+        grabcut_iters=pcfg.get("grabcut_iters", 3))
 
 
 # ---------------------------------------------------------------------------- shard loops

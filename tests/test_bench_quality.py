@@ -81,7 +81,7 @@ def test_ablation_variants_flag_what_the_config_cannot_express():
     assert v["mil_negatives_off"]["overrides"] == {"mil.negatives": "off"} and "mil_negatives_first_round" not in v
     assert v["mil_negatives_all_rounds"]["from_round"] == 1
     assert v["proposals_negatives"]["overrides"] == {"proposals.negatives": True}
-    assert "seeding_random_walker" not in v and {"seeding_grabcut", "seeding_none"} <= set(v)
+    assert "seeding_grabcut" not in v and {"seeding_random_walker", "seeding_none"} <= set(v)
     assert {"no_edges", "superpixel_skimage_slic", "superpixel_felzenszwalb", "fusion_topk", "no_mil",
             "no_seed_prior", "no_prelim_normalize", "no_class_balance"} <= set(v)
     assert "no_round_prior" in bq.ablation_variants(WSSSConfig(prior_weight=0.5))

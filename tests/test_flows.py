@@ -1,6 +1,7 @@
 """Flows under prefect_test_harness on real images: ingest errors, and the whole training
 end to end (pseudo-labels after the rounds beat the round-0 CAM labels on the same images)."""
 import json
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -115,7 +116,39 @@ def _end_to_end(tmp_path, cluster, mlflow):
     assert gated["gated"] and gated["ungated_miou"] == pytest.approx(plain["miou"])
     assert set(gated["per_class_iou"]) == set(Store(run).classes().names)
 
+    # `wsseg segment` labels new images with the run's model the same way: a PNG of class indices
+    # at the image's size and an overlay per image; gated as config.json says unless told otherwise
+    _segment_new_images(tmp_path, run, src, Store(run).classes().n)
+
     # a different configuration in the same run directory is refused, not mixed in
     with pytest.raises(ValueError, match="different configuration"):
         train_wsss.with_options(task_runner=runner(cluster))(str(run), cfg.model_copy(update={"epsilon": 0.5}),
                                                              cluster)
+
+
+def _segment_new_images(tmp_path, run, src, n_classes):
+    import shutil
+
+    from PIL import Image
+
+    from flows.highres import segment
+
+    images = sorted((src / "images").glob("*.jpg"))[:2]
+    stats, ungated = [], []
+    pngs = segment(images, run, tmp_path / "seg", stats=stats, log=lambda m: None)
+    segment(images, run, tmp_path / "seg_ungated", gate=False, stats=ungated, log=lambda m: None)
+    for png, image, st in zip(pngs, images, stats):
+        labels = np.asarray(Image.open(png))
+        assert labels.shape == np.asarray(Image.open(image)).shape[:2] and labels.max() < n_classes
+        assert st["gated"] and Path(st["overlay"]).stat().st_size > 1000
+        assert np.bincount(labels.ravel(), minlength=n_classes) / labels.size == pytest.approx(st["class_shares"])
+    assert not any(st["gated"] for st in ungated)
+    # a checkpoint away from its run has no classifier: ungated by default, and asking for the gate says why not
+    lone = tmp_path / "lone" / "model.pt"
+    lone.parent.mkdir()
+    shutil.copy(json.loads((run / "summary.json").read_text())["final_model"], lone)
+    segment(images[:1], lone, tmp_path / "seg_lone", stats=(st := []), log=lambda m: None)
+    assert not st[0]["gated"]
+    with pytest.raises(ValueError, match="image classifier"):
+        segment(images[:1], lone, tmp_path / "seg_lone", gate=True, log=lambda m: None)
+
