@@ -135,8 +135,9 @@ def edge_maps(image, *, sigma=1.0, canny_low=50, canny_high=150, log_sigma=2.0):
 
     return {
         "canny": (canny > 0).astype(np.float32),
-        "sobel": _normalise(cv2.magnitude(gx, gy)),
-        "prewitt": _normalise(cv2.magnitude(px, py)),
+        # np.sqrt, not cv2.magnitude, whose last bits vary with memory alignment (see tasks/features.py)
+        "sobel": _normalise(np.sqrt(gx * gx + gy * gy)),
+        "prewitt": _normalise(np.sqrt(px * px + py * py)),
         "log": _normalise(np.abs(log)),
     }
 

@@ -119,7 +119,10 @@ def _texture(lightness, image, pool):
         dx = cv2.Sobel(smooth, cv2.CV_32F, 1, 0, ksize=3, scale=s / 8.0, borderType=cv2.BORDER_REFLECT)
         dy = cv2.Sobel(smooth, cv2.CV_32F, 0, 1, ksize=3, scale=s / 8.0, borderType=cv2.BORDER_REFLECT)
         lap = cv2.Laplacian(smooth, cv2.CV_32F, ksize=1, scale=s * s, borderType=cv2.BORDER_REFLECT)
-        cols["grad"].append(pool.mean(cv2.magnitude(dx, dy)))
+        # not cv2.magnitude: its result varies in the last bits with the arrays' memory alignment
+        # (two runs of one image differed), which made the proposal classifier, and so the
+        # pseudo-labels, differ between two runs of one configuration
+        cols["grad"].append(pool.mean(np.sqrt(dx * dx + dy * dy)))
         cols["log"].append(pool.mean(np.abs(lap)))
         if s in _SCALES[:2]:
             cols["absd"] += [pool.mean(np.abs(dx)), pool.mean(np.abs(dy))]
@@ -146,8 +149,8 @@ def _position(labels, n, pool):
 def _default_edge_map(image):
     gray = cv2.cvtColor(image, cv2.COLOR_RGB2GRAY).astype(np.float32)
     gray = cv2.GaussianBlur(gray, (0, 0), 1.0, borderType=cv2.BORDER_REFLECT)
-    magnitude = cv2.magnitude(cv2.Sobel(gray, cv2.CV_32F, 1, 0, ksize=3),
-                              cv2.Sobel(gray, cv2.CV_32F, 0, 1, ksize=3))
+    dx, dy = cv2.Sobel(gray, cv2.CV_32F, 1, 0, ksize=3), cv2.Sobel(gray, cv2.CV_32F, 0, 1, ksize=3)
+    magnitude = np.sqrt(dx * dx + dy * dy)  # not cv2.magnitude: see _texture
     top = float(np.percentile(magnitude, 99))
     if not top > 1e-3:
         return np.zeros(magnitude.shape, np.float32)

@@ -127,3 +127,18 @@ def test_real_image_finite_and_discriminative():
     pf = proposal_features(feats, props, areas(labels))
     assert pf.shape == (props.shape[0], 98) and np.isfinite(pf).all()
     assert np.array_equal(pf[:n, :94], feats)
+
+
+def test_features_and_edges_are_bitwise_reproducible():
+    """Two runs of one configuration must give the same pseudo-labels: the features feed the
+    classifiers, and a last-bit difference changes what they learn. cv2.magnitude varied with
+    memory alignment (in the superpixel features of these photos within six calls); nothing here may."""
+    from tasks.edges import feature_region_map
+
+    for name in ("1_10_s", "2_20_s", "3_26_s", "3_30_s"):  # the sample photos where it showed
+        image = cv2.cvtColor(cv2.imread(str(SAMPLE / f"{name}.jpg")), cv2.COLOR_BGR2RGB)
+        labels = superpixels(image, method="slico", region_size=16)
+        edges = [feature_region_map(image) for _ in range(6)]
+        feats = [superpixel_features(image, labels) for _ in range(6)]
+        assert all(np.array_equal(edges[0], e) for e in edges[1:]), name
+        assert all(np.array_equal(feats[0], f) for f in feats[1:]), name
