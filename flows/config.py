@@ -84,8 +84,9 @@ class ProposalConfig(BaseModel):
     clustering_hi: float = Field(0.7, description="quantile/threshold clustering: upper cut")
     seeding: Literal["random_walker", "grabcut", "none"] = Field("grabcut", description=(
         "seeded segmentation of the ambiguous area (METHOD.md step 7). Measured on msrc21 train against the "
-        "random walker: round 0 0.580 -> 0.609, rounds 1 / 2 0.622 / 0.637 -> 0.648 / 0.658, WSSS model on val "
-        "0.265 -> 0.270 (gated), for about 0.12 s more per image (one worker)"))
+        "random walker: round 0 0.580 -> 0.609, rounds 1 / 2 0.622 / 0.637 -> 0.648 / 0.658 and 0.651 / 0.649 "
+        "(two runs), WSSS model on val 0.265 -> 0.270 and 0.253 (gated; the model varies more between runs "
+        "than this), for about 0.12 s more per image (one worker)"))
     grabcut_iters: int = Field(3, ge=1, description=(
         "cv2.grabCut iterations per label; round 0 on msrc21 train: 1 0.606, 2 0.608, 3 0.609"))
     beta: float = 130.0

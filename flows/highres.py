@@ -11,7 +11,9 @@
 * :func:`segment` applies a saved checkpoint (or a run's final model,
   :func:`resolve_checkpoint`) to images of any size: palette PNG per image written band by
   band, plus a Zarr array when the output exceeds 50 megapixels; pixels outside a fundus
-  camera's field of view get class 0 (:mod:`tasks.fov`).
+  camera's field of view get class 0 (:mod:`tasks.fov`). A ``small`` or ``fusion`` model of
+  a ``wsseg train`` run labels each image whole instead (:func:`segment_whole`), gated by the
+  run's image classifier, with an overlay picture per image.
 
 Working resolution: HRF photographs are 3504 x 2336; the benchmark processes them at
 ``scale=0.5`` (1752 x 1168, decoded directly at half size by the JPEG decoder), with masks
