@@ -957,6 +957,12 @@ def segment_whole(paths: Sequence[Path], checkpoint: Path, net, state: dict, out
     from tasks.overlay import overlay, write_png
     from tasks.pipeline import gate_probs
 
+    from models.small import ImageClassifier
+
+    if isinstance(net, ImageClassifier):
+        raise ValueError(f"{checkpoint}: a {state.get('builder')!r} model is not a segmentation network; pass a "
+                         "segmenter checkpoint (a run's rounds/rNNN/model.pt), the run directory, or a global_local "
+                         "checkpoint")
     run = _run_config(checkpoint)
     run_gate = bool(run[1].get("inference", {}).get("gate", True)) if run else False
     gate = run_gate if gate is None else gate
