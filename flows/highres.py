@@ -952,12 +952,10 @@ def segment_whole(paths: Sequence[Path], checkpoint: Path, net, state: dict, out
     (the labels coloured over the image). ``stats`` receives one dict per image (``image``,
     ``size``, ``seconds``, ``gated``, ``class_shares``, ``png``, ``overlay``).
     """
-    from models import load_checkpoint
+    from models.small import ImageClassifier
     from tasks import training as tr
     from tasks.overlay import overlay, write_png
-    from tasks.pipeline import gate_probs
-
-    from models.small import ImageClassifier
+    from tasks.pipeline import ClassifierGate
 
     if isinstance(net, ImageClassifier):
         raise ValueError(f"{checkpoint}: a {state.get('builder')!r} model is not a segmentation network; pass a "
@@ -971,9 +969,7 @@ def segment_whole(paths: Sequence[Path], checkpoint: Path, net, state: dict, out
         if run is None or not (run[0] / "classifier.pt").is_file():
             raise ValueError(f"{checkpoint}: gating needs the run's image classifier (classifier.pt in the run "
                              "directory, beside config.json), which was not found; pass --no-gate")
-        clf, clf_state = load_checkpoint(run[0] / "classifier.pt")
-        obj = clf_state["meta"]["object_classes"]
-        scales = tuple(run[1].get("classifier", {}).get("cam_scales", (1.0,)))
+        clf = ClassifierGate(run[0] / "classifier.pt", run[1].get("classifier", {}).get("cam_scales", (1.0,)))
     edges = _edge_params(checkpoint, state.get("meta", {})) if int(state["in_channels"]) == 4 else None
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
@@ -990,7 +986,7 @@ def segment_whole(paths: Sequence[Path], checkpoint: Path, net, state: dict, out
             edge = feature_region_map(image, sigma=edges["sigma"], tau=edges["tau"])
         prob = tr.predict_probs(net, image, edge)
         if clf is not None:
-            prob = gate_probs(prob, tr.image_class_probs(clf, image, scales=scales), obj)
+            prob = clf(prob, image)
         labels = prob.argmax(0).astype(np.uint8)
         h, w = labels.shape
         png, picture = out_dir / f"{path.stem}.png", out_dir / f"{path.stem}_overlay.png"

@@ -94,6 +94,19 @@ def gate_probs(prob: np.ndarray, class_probs: np.ndarray, object_classes: Sequen
     return restrict(prob * gate[:, None, None], np.ones(prob.shape[0], bool))
 
 
+class ClassifierGate:
+    """A run's image classifier applied to untagged images: ``gate(prob, image)`` is
+    :func:`gate_probs` with the classifier's class probabilities at ``scales``."""
+
+    def __init__(self, path: str | Path, scales: Sequence[float] = (1.0,)):
+        self.model, state = models.load_checkpoint(path)
+        self.object_classes = state["meta"]["object_classes"]
+        self.scales = tuple(scales)
+
+    def __call__(self, prob: np.ndarray, image: np.ndarray) -> np.ndarray:
+        return gate_probs(prob, tr.image_class_probs(self.model, image, scales=self.scales), self.object_classes)
+
+
 def cam_to_prob(cams: np.ndarray, allowed: np.ndarray, background: int | None,
                 background_threshold: float) -> np.ndarray:
     """Turn (K, H, W) CAMs in [0, 1] into probabilities over the allowed classes; the implicit
@@ -312,12 +325,11 @@ def evaluate_shard(run_dir: str, ids: list[str], sources: list[list], model_path
     store = Store(run_dir)
     n = store.classes().n
     accs = {f"{a}:{b}": ConfusionAccumulator(n) for a, b in sources}
-    model = clf = None
+    model = gate = None
     if model_path:
         model, state = models.load_checkpoint(model_path)
     if model_path and classifier_path:
-        clf, clf_state = models.load_checkpoint(classifier_path)
-        obj = clf_state["meta"]["object_classes"]
+        gate = ClassifierGate(classifier_path, gate_scales)
         accs.update({f"model_ungated:{b}": ConfusionAccumulator(n) for a, b in sources if a == "model"})
     for rec in records_by_id(store.manifest(), ids):
         gt = store.mask(rec.image_id)
@@ -328,9 +340,9 @@ def evaluate_shard(run_dir: str, ids: list[str], sources: list[list], model_path
                 image = store.image(rec.image_id)
                 edges = load_edges(store, rec, key) if state["in_channels"] == 4 else None
                 prob = tr.predict_probs(model, image, edges)
-                if clf is not None:
+                if gate is not None:
                     accs[f"model_ungated:{b}"].update(prob.argmax(0).astype(np.uint8), gt)
-                    prob = gate_probs(prob, tr.image_class_probs(clf, image, scales=tuple(gate_scales)), obj)
+                    prob = gate(prob, image)
                 pred = prob.argmax(0).astype(np.uint8)
             else:
                 pred = store.pseudo(int(a), rec.image_id, name=b)

@@ -461,6 +461,12 @@ def predict_probs(model: nn.Module, image: np.ndarray, edge: np.ndarray | None, 
     return prob[0].float().cpu().numpy()
 
 
+def _at_scale(image: np.ndarray, s: float) -> np.ndarray:
+    """``image`` resized by ``s`` (bilinear, at least 16 pixels a side)."""
+    h, w = image.shape[:2]
+    return cv2.resize(image, (max(16, int(w * s)), max(16, int(h * s))), interpolation=cv2.INTER_LINEAR)
+
+
 @torch.no_grad()
 def image_class_probs(model: nn.Module, image: np.ndarray, *, scales: Sequence[float] = (1.0,), flip: bool = True,
                       device: torch.device | None = None) -> np.ndarray:
@@ -468,12 +474,9 @@ def image_class_probs(model: nn.Module, image: np.ndarray, *, scales: Sequence[f
     image ``scales`` and (``flip``) its mirror image."""
     device = device or next(model.parameters()).device
     model.eval()
-    h, w = image.shape[:2]
     acc = []
     for s in scales:
-        im = image if s == 1.0 else cv2.resize(image, (max(16, int(w * s)), max(16, int(h * s))),
-                                                interpolation=cv2.INTER_LINEAR)
-        x = torch.from_numpy(to_input(im, None))[None].to(device)
+        x = torch.from_numpy(to_input(_at_scale(image, s), None))[None].to(device)
         xs = torch.cat([x, x.flip(-1)]) if flip else x
         acc.append(torch.sigmoid(model(xs)).mean(0))
     return torch.stack(acc).mean(0).float().cpu().numpy()
@@ -492,8 +495,7 @@ def class_activation_maps(model: nn.Module, image: np.ndarray, *, scales: Sequen
     h, w = image.shape[:2]
     acc = None
     for s in scales:
-        im = cv2.resize(image, (max(16, int(w * s)), max(16, int(h * s))), interpolation=cv2.INTER_LINEAR)
-        x = torch.from_numpy(to_input(im, None))[None].to(device)
+        x = torch.from_numpy(to_input(_at_scale(image, s), None))[None].to(device)
         xs = torch.cat([x, x.flip(-1)]) if flip else x
         cam = model.cam(xs)
         cam = cam if raw else F.relu(cam)
