@@ -9,7 +9,8 @@ One command, one Prefect flow run, one Dask cluster:
    only, in shard tasks on Dask);
 3. the final round's segmentation model, evaluated on ``--eval-split``;
 4. the same network trained on the ground-truth masks of ``--split`` with the same total
-   epoch budget, evaluated the same way (the supervised reference);
+   epoch budget and the same start (with ``segmentation.encoder_init="classifier"`` both begin
+   from the run's image classifier's encoder), evaluated the same way (the supervised reference);
 5. ``FILE.json``, a markdown table ``FILE.md`` and an overlay figure ``FILE.png``;
 6. with ``--ablate``: one variant per switched-off part of the method, each in
    ``RUN/ablate-<name>/`` sharing the corpus, feature cache, image classifier and round 0's
@@ -475,7 +476,7 @@ def _bench_flow(data: str, run_dir: str, config, address: str, eval_split: str |
                                stage="evaluate WSSS model", model_path=str(final_model), key=eval_key, **gate)
     stages["evaluate_model"] = time.perf_counter() - t
 
-    # 4. supervised reference: same network, same total epochs, masks instead of pseudo-labels
+    # 4. supervised reference: same network, same start, same total epochs, masks instead of pseudo-labels
     t = time.perf_counter()
     seg = config.segmentation
     n_rounds = len(rounds)
@@ -586,7 +587,8 @@ def measure_train_speed(run: Path, records: list[ImageRecord], key: str, config,
     seg = config.segmentation
     n = min(len(records), seg.batch_size * steps)
     cfg = config.model_copy(update={"segmentation": seg.model_copy(update={
-        "epochs": 2, "max_seconds": None, "patience": 2, "finetune": False, "min_steps": 0})})
+        "epochs": 2, "max_seconds": None, "patience": 2, "finetune": False, "min_steps": 0,
+        "encoder_init": "none"})})
     with tempfile.TemporaryDirectory(dir=run, prefix="speed-") as tmp:
         _, result = train_round_segmenter(str(run), 0, records[:n], key, cfg, None, label_round=None,
                                           out=Path(tmp) / "probe.pt")
@@ -619,7 +621,7 @@ def compare_models(run: Path, records: list[ImageRecord], eval_records: list[Ima
         epochs = budget_epochs(seconds, ips, len(records))
         cfg = net_cfg.model_copy(update={"segmentation": net_cfg.segmentation.model_copy(update={
             "epochs": epochs, "max_seconds": 1.25 * seconds, "patience": epochs, "finetune": False,
-            "min_steps": 0})})
+            "min_steps": 0, "encoder_init": "none"})})  # from scratch: only `small` could start from the classifier
         entry: dict[str, Any] = {"model": name, "options": options, "budget_seconds": seconds,
                                  "measured_images_per_second": ips, "epochs": epochs}
         print(f"  [compare {tag}] {ips:.2f} img/s measured -> {epochs} epochs of {len(records)} images per "

@@ -23,6 +23,7 @@ from prefect.futures import as_completed
 from prefect_dask import DaskTaskRunner
 
 import models
+from models.small import load_encoder_from
 from flows.config import WSSSConfig
 from flows.runtime import Progress
 from tasks import ingest as ing
@@ -307,9 +308,15 @@ def train_round_segmenter(run_dir: str, r: int, records: list[ImageRecord], key:
         build_options["pretrained"] = dict(s.backbone_weights)
     tr.seed_everything(cfg.seed + r)  # initial weights reproducible, as fit's own seeding is
     model = models.build_model(s.model, classes.n, in_channels=in_ch, **build_options)
+    start = "scratch"
     if init is not None and init.exists() and s.finetune:
         prev, _ = models.load_checkpoint(init)
         model.load_state_dict(prev.state_dict())
+        start = f"fine-tuned from {init.name}"
+    elif s.encoder_init == "classifier" and (store.root / "classifier.pt").exists():
+        clf, _ = models.load_checkpoint(store.root / "classifier.pt")
+        if load_encoder_from(model, clf):
+            start = "encoder from classifier.pt"
     labels = LabelLoader(run_dir, records, key, label_round)
     if getattr(model, "needs_global_context", False):
         # global-local: crops of the network's patch size, each with its whole image's coarse view and box
@@ -331,11 +338,11 @@ def train_round_segmenter(run_dir: str, r: int, records: list[ImageRecord], key:
     models.save_checkpoint(out, model, builder_ref=s.model, num_classes=classes.n, in_channels=in_ch,
                            options=dict(s.options),  # weights are in the checkpoint: no `pretrained`
                            meta={"classes": list(classes.names), "round": r, "epochs_run": result.epochs_run,
-                                 "stopped": result.stopped, "feature_key": key,
+                                 "stopped": result.stopped, "feature_key": key, "start": start,
                                  # a checkpoint copied away from its run still knows its edge channel
                                  **({"edges": {"sigma": cfg.features.edge_sigma, "tau": cfg.features.edge_tau}}
                                     if in_ch == 4 else {})})
-    prog.message(f"stopped after {result.epochs_run} epochs ({result.stopped}), "
+    prog.message(f"started from {start}; stopped after {result.epochs_run} epochs ({result.stopped}), "
                  f"{result.images_per_second:.1f} img/s, data wait {100 * result.data_wait_share:.0f}%")
     return out, result
 

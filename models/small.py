@@ -96,6 +96,38 @@ class SmallSegNet(nn.Module):
         return F.interpolate(self.classifier(y), size=size, mode="bilinear", align_corners=False)
 
 
+def load_encoder_from(net: nn.Module, source: nn.Module) -> int:
+    """Copy ``source.encoder``'s weights (an :class:`ImageClassifier` trained on the tags) into
+    ``net.encoder``; returns how many tensors were copied, 0 when ``net`` has no encoder of the
+    same shape (another network: it keeps its own initialisation).
+
+    The first convolution may take more input channels than the source's (the segmenter's
+    4th, edge-feature channel): the RGB weights are copied and the extra channels' weights
+    start at zero, so the copied encoder sees exactly what it was trained on until the edge
+    channel learns a use. Dilation differs between the classifier's stride-8 and the
+    segmenter's stride-16 last stage; the kernels are the same shape and transfer as they are.
+    """
+    src, dst = getattr(source, "encoder", None), getattr(net, "encoder", None)
+    if not isinstance(src, SmallEncoder) or not isinstance(dst, SmallEncoder):
+        return 0
+    want, have = dst.state_dict(), src.state_dict()
+    if want.keys() != have.keys():
+        return 0
+    out = {}
+    for k, v in have.items():
+        w = want[k]
+        if w.shape == v.shape:
+            out[k] = v.clone()
+        elif v.dim() == 4 and w.shape[0] == v.shape[0] and w.shape[2:] == v.shape[2:] and w.shape[1] > v.shape[1]:
+            w = torch.zeros_like(w)
+            w[:, :v.shape[1]] = v
+            out[k] = w
+        else:  # another width: nothing carries over
+            return 0
+    dst.load_state_dict(out)
+    return len(out)
+
+
 def small_segnet(num_classes: int, in_channels: int = 4, *, width: int = 16, dilate_last: bool = False) -> SmallSegNet:
     return SmallSegNet(num_classes, in_channels, width, dilate_last)
 

@@ -233,6 +233,34 @@ def test_checkpoint_round_trip_gives_identical_outputs(tmp_path, name, options):
     assert torch.equal(want, got)
 
 
+def test_segmenter_encoder_starts_from_the_image_classifier():
+    from models.small import image_classifier, load_encoder_from, small_segnet
+
+    torch.manual_seed(2)
+    clf = image_classifier(N_CLASSES, 3, width=8, stride=8)
+    x = torch.randn(2, 4, 64, 64)
+    clf.train()
+    with torch.no_grad():
+        clf(x[:, :3])  # batch-norm statistics of their own, which must travel too
+    clf.eval()
+    seg = small_segnet(5, 4, width=8)  # other classes, a 4th (edge) input channel, stride 16
+    assert load_encoder_from(seg, clf) == len(clf.encoder.state_dict())
+    seg.eval()
+    with torch.no_grad():
+        want, got = clf.encoder(x[:, :3]), seg.encoder(x)
+    # the edge channel starts at zero weight: up to the last (differently strided) stage the
+    # segmenter's encoder computes exactly what the classifier's does on the RGB channels
+    for a, b in zip(want[:3], got[:3]):
+        assert torch.allclose(a, b, atol=1e-5)
+    assert torch.count_nonzero(seg.encoder.stage1[0][0].weight[:, 3]) == 0
+    # another width or another network: nothing is copied, the weights stay as they were
+    other = small_segnet(5, 4, width=16)
+    before = {k: v.clone() for k, v in other.state_dict().items()}
+    assert load_encoder_from(other, clf) == 0
+    assert all(torch.equal(before[k], v) for k, v in other.state_dict().items())
+    assert load_encoder_from(models.build_model("fusion", 5, in_channels=4, width=0.25), clf) == 0
+
+
 def test_centred_class_maps_ignore_offsets_and_untagged_classes():
     from tasks.pipeline import cam_to_prob_centered
 
