@@ -8,9 +8,9 @@ One command, one Prefect flow run, one Dask cluster:
    preliminary probabilities refined by :func:`tasks.crf.dense_crf` over the tagged classes
    only, in shard tasks on Dask);
 3. the final round's segmentation model, evaluated on ``--eval-split``;
-4. the same network trained on the ground-truth masks of ``--split`` with the same total
-   epoch budget and the same start (with ``segmentation.encoder_init="classifier"`` both begin
-   from the run's image classifier's encoder), evaluated the same way (the supervised reference);
+4. the same network trained on the ground-truth masks of ``--split`` with the final model's
+   recipe (:func:`flows.wsss.final_model_config`: same start, same total epochs, same seed),
+   evaluated the same way (the supervised reference);
 5. ``FILE.json``, a markdown table ``FILE.md`` and an overlay figure ``FILE.png``;
 6. with ``--ablate``: one variant per switched-off part of the method, each in
    ``RUN/ablate-<name>/`` sharing the corpus, feature cache, image classifier and round 0's
@@ -423,8 +423,8 @@ def _bench_flow(data: str, run_dir: str, config, address: str, eval_split: str |
                 crf: dict | None = None, compare: list[str] | None = None,
                 compare_seconds: float = 300.0, ablate_rounds: int = 1) -> dict:
     """Steps 1-7 of the module docstring; returns the result dict (without writing files)."""
-    from flows.wsss import (compute_all_features, evaluate_sources, gate_options, ingest, run_shards, runner,
-                            shards_of, train_round_segmenter, train_wsss)
+    from flows.wsss import (compute_all_features, evaluate_sources, final_model_config, gate_options, ingest,
+                            run_shards, runner, shards_of, train_round_segmenter, train_wsss)
 
     crf_task, _ = _prefect_parts()
     t0 = time.perf_counter()
@@ -476,15 +476,11 @@ def _bench_flow(data: str, run_dir: str, config, address: str, eval_split: str |
                                stage="evaluate WSSS model", model_path=str(final_model), key=eval_key, **gate)
     stages["evaluate_model"] = time.perf_counter() - t
 
-    # 4. supervised reference: same network, same start, same total epochs, masks instead of pseudo-labels
+    # 4. supervised reference: the final model's recipe (network, start, total epochs, seed: round
+    # final_r's), masks instead of pseudo-labels
     t = time.perf_counter()
-    seg = config.segmentation
-    n_rounds = len(rounds)
-    factor = n_rounds if seg.finetune else 1
-    sup_cfg = config.model_copy(update={"segmentation": seg.model_copy(update={
-        "epochs": seg.epochs * factor,
-        "max_seconds": None if seg.max_seconds is None else seg.max_seconds * factor})})
-    sup_path, _ = train_round_segmenter(str(run), 0, records, key, sup_cfg, None, label_round=None,
+    sup_cfg = final_model_config(config, len(rounds))
+    sup_path, _ = train_round_segmenter(str(run), final_r, records, key, sup_cfg, None, label_round=None,
                                         out=run / "supervised" / "model.pt")
     sup_ev = evaluate_sources(str(run), eval_records, [["model", eval_split]], config.shard_size,
                               stage="evaluate supervised model", model_path=str(sup_path), key=eval_key, **gate)

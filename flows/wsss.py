@@ -308,15 +308,15 @@ def train_round_segmenter(run_dir: str, r: int, records: list[ImageRecord], key:
         build_options["pretrained"] = dict(s.backbone_weights)
     tr.seed_everything(cfg.seed + r)  # initial weights reproducible, as fit's own seeding is
     model = models.build_model(s.model, classes.n, in_channels=in_ch, **build_options)
-    start = "scratch"
+    start = "random weights"
     if init is not None and init.exists() and s.finetune:
         prev, _ = models.load_checkpoint(init)
         model.load_state_dict(prev.state_dict())
-        start = f"fine-tuned from {init.name}"
+        start = f"fine-tuning {init.parent.name}/{init.name}"
     elif s.encoder_init == "classifier" and (store.root / "classifier.pt").exists():
         clf, _ = models.load_checkpoint(store.root / "classifier.pt")
         if load_encoder_from(model, clf):
-            start = "encoder from classifier.pt"
+            start = "the image classifier's encoder"
     labels = LabelLoader(run_dir, records, key, label_round)
     if getattr(model, "needs_global_context", False):
         # global-local: crops of the network's patch size, each with its whole image's coarse view and box
@@ -342,9 +342,28 @@ def train_round_segmenter(run_dir: str, r: int, records: list[ImageRecord], key:
                                  # a checkpoint copied away from its run still knows its edge channel
                                  **({"edges": {"sigma": cfg.features.edge_sigma, "tau": cfg.features.edge_tau}}
                                     if in_ch == 4 else {})})
-    prog.message(f"started from {start}; stopped after {result.epochs_run} epochs ({result.stopped}), "
+    prog.message(f"start: {start}; stopped after {result.epochs_run} epochs ({result.stopped}), "
                  f"{result.images_per_second:.1f} img/s, data wait {100 * result.data_wait_share:.0f}%")
     return out, result
+
+
+def converged_at(config: WSSSConfig, r: int, changed_share: float) -> bool:
+    """Whether the rounds stop after round ``r``: its labels changed less than ``epsilon``
+    against the round before (round 0 has none to compare with)."""
+    return r > 0 and changed_share < config.epsilon
+
+
+def final_model_config(config: WSSSConfig, rounds: int) -> WSSSConfig:
+    """``config`` for a segmenter trained from the start (``segmentation.encoder_init``) on one
+    set of labels with the whole budget of ``rounds`` rounds: ``epochs`` (and ``max_seconds``)
+    times ``rounds`` when the rounds fine-tune one another, as they are. The last round's model
+    and the supervised reference of ``bench quality`` are trained with it, so they differ only
+    in their labels."""
+    seg = config.segmentation
+    factor = rounds if seg.finetune else 1
+    return config.model_copy(update={"segmentation": seg.model_copy(update={
+        "epochs": seg.epochs * factor,
+        "max_seconds": None if seg.max_seconds is None else seg.max_seconds * factor})})
 
 
 # ============================================================================ evaluation
@@ -446,9 +465,13 @@ def refresh_round(run_dir: str, round_index: int, config: WSSSConfig, feature_ke
         pixels = sum(s["pixels"] for s in stats)
         changed = sum(s["changed"] * s["pixels"] for s in stats) / pixels
         ignored = sum(s["ignore"] * s["pixels"] for s in stats) / pixels
-        # 8. correction: train the segmentation model on the pseudo-labels
-        init = store.round_dir(r - 1) / "model.pt" if r > 0 else None
-        model_path, result = train_round_segmenter(run_dir, r, records, feature_key, config, tracker, label_round=r,
+        # 8. correction: train the segmentation model on the pseudo-labels; the last round's
+        # model (the run's final one) with the whole budget from the start, see final_model_config
+        last = r == config.max_rounds - 1 or converged_at(config, r, changed)
+        seg_cfg, init = config, (store.round_dir(r - 1) / "model.pt" if r > 0 else None)
+        if last and config.segmentation.final_model == "full_budget":
+            seg_cfg, init = final_model_config(config, r + 1), None
+        model_path, result = train_round_segmenter(run_dir, r, records, feature_key, seg_cfg, tracker, label_round=r,
                                                    init=init) if train_model else (None, None)
         # measurement only: pseudo-label quality against the masks, where the corpus has them
         sources = [[r, "pseudo"]] + ([[0, "cam"]] if r == 0 else [])
@@ -522,7 +545,7 @@ def train_wsss(run_dir: str, config: WSSSConfig = WSSSConfig(), dask_address: st
                              "ignore_share": 0.0, "wall_seconds": cls_seconds})
             rows.append(_row(s) | {"mlflow_run_id": s["mlflow_run_id"]})
             # 9. convergence: share of pseudo-label pixels changed since the previous round
-            if r > 0 and s["changed_share"] < config.epsilon:
+            if converged_at(config, r, s["changed_share"]):
                 converged = True
                 break
         final = store.round_dir(int(rows[-1]["round"])) / "model.pt"

@@ -136,6 +136,11 @@ def test_bench_quality_end_to_end(tmp_path, prefect_harness, capsys):
     for k in ("ours", "cam", "cam_crf"):
         assert set(res["per_class_iou"][k]) == set(Store(run).classes().names)
     assert res["wall_seconds"] > 0 and res["config"]["max_rounds"] == 1 and res["supervised_epochs"] == 1
+    # the supervised reference is trained like the final model (same start, epochs and seed): only the labels differ
+    import models
+    fin, ref = (models.load_checkpoint(p)[1]["meta"] for p in (res["final_model"], res["supervised_model"]))
+    assert fin["start"] == ref["start"] == "the image classifier's encoder"
+    assert fin["epochs_run"] == ref["epochs_run"] and fin["round"] == ref["round"] == res["final_round"]
     assert out.with_suffix(".md").read_text().count("| CAM + dense CRF |") == 1
     assert out.with_suffix(".png").stat().st_size > 1000
     assert all(i in TRAIN for i in res["figure_images"]) and len(res["figure_images"]) == 6
