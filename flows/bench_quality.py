@@ -10,7 +10,8 @@ One command, one Prefect flow run, one Dask cluster:
 3. the final round's segmentation model, evaluated on ``--eval-split``;
 4. the same network trained on the ground-truth masks of ``--split`` with the final model's
    recipe (:func:`flows.wsss.final_model_config`: same start, same total epochs, same seed),
-   evaluated the same way (the supervised reference);
+   evaluated the same way (the supervised reference); with ``--model-seeds N`` both models again
+   under N - 1 further seeds (every seed's figures, the mean and range of each and of the ratio);
 5. ``FILE.json``, a markdown table ``FILE.md`` and an overlay figure ``FILE.png``;
 6. with ``--ablate``: one variant per switched-off part of the method, each in
    ``RUN/ablate-<name>/`` sharing the corpus, feature cache, image classifier and round 0's
@@ -353,6 +354,16 @@ def markdown_report(res: dict) -> str:
               row("WSSS model (final round, pseudo-labels)", "wsss_model_miou"),
               row(f"supervised (masks of {res['split']}, {res['supervised_epochs']} epochs)", "supervised_model_miou"),
               row("WSSS / supervised", "wsss_over_supervised", 3)]
+    ms = res.get("model_seeds")
+    if ms:
+        def spread(k: str, p: int = 4) -> str:
+            v = ms.get(k)
+            return f"{_f(v['mean'], p)} ({_f(v['min'], p)}-{_f(v['max'], p)})" if v else "n/a"
+        tail = lambda k, p=4: f" {spread(k + '_ungated', p)} |" if u else ""
+        lines += [f"| WSSS model, mean (min-max) over {len(ms['seeds'])} seeds | {spread('wsss')} |{tail('wsss')}",
+                  f"| supervised, mean (min-max) over {len(ms['seeds'])} seeds | {spread('supervised')} |"
+                  f"{tail('supervised')}",
+                  f"| WSSS / supervised, mean (min-max) | {spread('ratio', 3)} |{tail('ratio', 3)}"]
     pc = res["per_class_iou"]
     names = list(pc["ours"])
     lines += ["", "## Per-class IoU (pseudo-labels)", "", "| class | CAM | CAM+CRF | ours |", "|---|---|---|---|"]
@@ -421,7 +432,7 @@ def _link_shared(main: Path, variant: Path, main_cfg, vcfg) -> None:
 def _bench_flow(data: str, run_dir: str, config, address: str, eval_split: str | None = None,
                 ablate: list[str] | None = None, background: str | None = "auto",
                 crf: dict | None = None, compare: list[str] | None = None,
-                compare_seconds: float = 300.0, ablate_rounds: int = 1) -> dict:
+                compare_seconds: float = 300.0, ablate_rounds: int = 1, model_seeds: int = 1) -> dict:
     """Steps 1-7 of the module docstring; returns the result dict (without writing files)."""
     from flows.wsss import (compute_all_features, evaluate_sources, final_model_config, gate_options, ingest,
                             run_shards, runner, shards_of, train_round_segmenter, train_wsss)
@@ -516,6 +527,16 @@ def _bench_flow(data: str, run_dir: str, config, address: str, eval_split: str |
         "final_model": str(final_model), "supervised_model": str(sup_path), "warnings": warnings,
     }
 
+    # 4b. more seeds of both models (--model-seeds): on a small eval split the ratio moves by a few
+    # hundredths with the seed alone; each further pair shares the labels, recipe and classifier
+    if model_seeds > 1:
+        t = time.perf_counter()
+        res["model_seeds"] = model_seed_spread(
+            run, records, eval_records, key, eval_key, sup_cfg, final_r, model_seeds, eval_split, gate,
+            first={"seed": config.seed, "wsss": wsss_m, "supervised": sup_m, "wsss_ungated": wsss_u,
+                   "supervised_ungated": sup_u})
+        stages["model_seeds"] = time.perf_counter() - t
+
     # 6. ablations: one variant per part, sharing corpus, cache, classifier and round-0 CAMs; each
     # runs ``ablate_rounds`` label-only rounds and is compared with the main run's same round
     if ablate is not None:
@@ -568,6 +589,40 @@ def _bench_flow(data: str, run_dir: str, config, address: str, eval_split: str |
     res["stage_seconds"] = stages
     res["wall_seconds"] = time.perf_counter() - t0
     return res
+
+
+def model_seed_spread(run: Path, records: list[ImageRecord], eval_records: list[ImageRecord], key: str,
+                      eval_key: str, recipe, final_r: int, n: int, eval_split: str, gate: dict,
+                      first: dict) -> dict:
+    """The WSSS model (final round's labels) and the supervised reference (masks) trained again
+    with ``recipe`` (:func:`flows.wsss.final_model_config`) under seeds ``recipe.seed + 1 ..
+    + n - 1``, evaluated like the first pair; returns every seed's figures (``first`` is seed 0's,
+    already measured) and the mean, minimum and maximum of each figure and of the ratio."""
+    from flows.wsss import evaluate_sources, train_round_segmenter
+
+    rows = [first]
+    for k in range(1, n):
+        cfg = recipe.model_copy(update={"seed": recipe.seed + k})
+        folder = run / "seeds" / f"seed{cfg.seed:03d}"
+        row: dict[str, Any] = {"seed": cfg.seed}
+        for what, label_round in (("wsss", final_r), ("supervised", None)):
+            path, _ = train_round_segmenter(str(run), final_r, records, key, cfg, None, label_round=label_round,
+                                            out=folder / f"{what}.pt")
+            ev = evaluate_sources(str(run), eval_records, [["model", eval_split]], recipe.shard_size,
+                                  stage=f"evaluate seed {cfg.seed} {what}", model_path=str(path), key=eval_key, **gate)
+            row[what] = ev.get(f"model:{eval_split}", {}).get("miou")
+            row[f"{what}_ungated"] = ev.get(f"model_ungated:{eval_split}", {}).get("miou")
+        rows.append(row)
+    for r in rows:
+        for sfx in ("", "_ungated"):
+            w, s_ = r.get("wsss" + sfx), r.get("supervised" + sfx)
+            r["ratio" + sfx] = (w / s_) if w is not None and s_ else None
+    summary: dict[str, Any] = {"seeds": rows}
+    for name in ("wsss", "supervised", "ratio", "wsss_ungated", "supervised_ungated", "ratio_ungated"):
+        v = [r[name] for r in rows if r.get(name) is not None]
+        if v:
+            summary[name] = {"mean": sum(v) / len(v), "min": min(v), "max": max(v)}
+    return summary
 
 
 def measure_train_speed(run: Path, records: list[ImageRecord], key: str, config, steps: int = 4) -> float:
@@ -645,7 +700,7 @@ def run_bench(data: str | os.PathLike, run_dir: str | os.PathLike, config, out: 
               eval_split: str | None = "val", ablate: list[str] | None = None, workers: int = 2,
               dask_address: str | None = None, background: str | None = "auto",
               crf: dict | None = None, compare: list[str] | None = None, compare_seconds: float = 300.0,
-              ablate_rounds: int = 1) -> dict:
+              ablate_rounds: int = 1, model_seeds: int = 1) -> dict:
     """Run the whole bench (one Dask cluster, one flow run) and write ``out`` (JSON), ``out``
     with suffix ``.md`` (markdown table) and ``.png`` (overlay figure). Returns the result.
 
@@ -661,6 +716,8 @@ def run_bench(data: str | os.PathLike, run_dir: str | os.PathLike, config, out: 
         raise FileNotFoundError(f"{data}: no such dataset folder (it needs images/ and labels.csv)")
     if out.suffix != ".json":
         raise ValueError(f"--out must name a .json file, got {out}")
+    if model_seeds < 1:
+        raise ValueError(f"--model-seeds must be at least 1, got {model_seeds}")
     run.mkdir(parents=True, exist_ok=True)
     # a run directory holds one dataset: mixing two in one corpus would corrupt both
     marker = run / "bench_source.json"
@@ -674,7 +731,7 @@ def run_bench(data: str | os.PathLike, run_dir: str | os.PathLike, config, out: 
     with dask_cluster(dask_address, workers, run) as address:
         res = bench_flow.with_options(task_runner=runner(address))(
             str(data), str(run), config, address, eval_split, ablate, background, crf, compare, compare_seconds,
-            ablate_rounds)
+            ablate_rounds, model_seeds)
     res["wall_seconds"] = time.perf_counter() - t0
     out.parent.mkdir(parents=True, exist_ok=True)
     store = Store(run)
@@ -723,6 +780,11 @@ def add_bench_quality_parser(bench_subparsers) -> argparse.ArgumentParser:
                         "e.g. --compare-models fusion='{\"width\": 0.25}'")
     p.add_argument("--compare-seconds", type=float, default=300.0,
                    help="training budget of each --compare-models run, in seconds (default 300)")
+    p.add_argument("--model-seeds", type=int, default=1, metavar="N",
+                   help="train the WSSS model and the supervised reference under N seeds each (default 1) "
+                        "and report every seed's mIoU and the ratio's mean and range: on a small eval split "
+                        "the seed alone moves the ratio by a few hundredths; each further seed costs two "
+                        "trainings of the final model")
     p.add_argument("--background", default="auto",
                    help="implicit background class name, 'none', or 'auto' (first class named background)")
     _common(p, "runs/bench-quality")
@@ -746,7 +808,7 @@ def main(args) -> int:
                     workers=args.workers, dask_address=args.dask_address,
                     background=None if args.background == "none" else args.background,
                     compare=args.compare_models, compare_seconds=args.compare_seconds,
-                    ablate_rounds=args.ablate_rounds)
+                    ablate_rounds=args.ablate_rounds, model_seeds=args.model_seeds)
     print()
     print(markdown_report(res))
     print(f"table:  {res['table']}\nfigure: {res['figure']}")

@@ -114,7 +114,7 @@ def test_bench_quality_end_to_end(tmp_path, prefect_harness, capsys):
                    "--set", "segmentation.epochs=1", "--set", "segmentation.options={\"width\": 8}", "--set", "segmentation.crop=96",
                    "--set", "segmentation.num_workers=0", "--set", "proposals.epochs=3",
                    "--set", "classifier.cam_scales=[1.0]", "--set", "shard_size=4", "--rounds", "1",
-                   "--compare-models", 'small={"width": 4}', "--compare-seconds", "2"])
+                   "--compare-models", 'small={"width": 4}', "--compare-seconds", "2", "--model-seeds", "2"])
     assert args.run_dir == str(run) and args.func is bq.main
     assert args.func(args) == 0
 
@@ -141,6 +141,23 @@ def test_bench_quality_end_to_end(tmp_path, prefect_harness, capsys):
     fin, ref = (models.load_checkpoint(p)[1]["meta"] for p in (res["final_model"], res["supervised_model"]))
     assert fin["start"] == ref["start"] == "the image classifier's encoder"
     assert fin["epochs_run"] == ref["epochs_run"] and fin["round"] == ref["round"] == res["final_round"]
+    # --model-seeds 2: a second pair under seed 1, same recipe; seed 0's pair is the one above
+    ms = res["model_seeds"]
+    assert [r["seed"] for r in ms["seeds"]] == [0, 1]
+    assert ms["seeds"][0]["wsss"] == res["wsss_model_miou"] and ms["seeds"][0]["supervised"] == sup
+    again = {w: models.load_checkpoint(run / "seeds" / "seed001" / f"{w}.pt") for w in ("wsss", "supervised")}
+    for w, (net, ck) in again.items():
+        assert ck["meta"]["start"] == fin["start"] and ck["meta"]["epochs_run"] == fin["epochs_run"]
+    first = models.load_checkpoint(res["final_model"])[0]
+    assert any(not torch.equal(a, b) for a, b in zip(first.state_dict().values(),
+                                                     again["wsss"][0].state_dict().values()))
+    ratios = [r["ratio"] for r in ms["seeds"] if r["ratio"] is not None]
+    if ratios:
+        assert ms["ratio"]["mean"] == pytest.approx(sum(ratios) / len(ratios))
+        assert ms["ratio"]["min"] <= ms["ratio"]["mean"] <= ms["ratio"]["max"]
+    assert ms["wsss"]["mean"] == pytest.approx((ms["seeds"][0]["wsss"] + ms["seeds"][1]["wsss"]) / 2)
+    assert "| WSSS / supervised, mean (min-max) |" in out.with_suffix(".md").read_text()
+    assert "model_seeds" in res["stage_seconds"]
     assert out.with_suffix(".md").read_text().count("| CAM + dense CRF |") == 1
     assert out.with_suffix(".png").stat().st_size > 1000
     assert all(i in TRAIN for i in res["figure_images"]) and len(res["figure_images"]) == 6
