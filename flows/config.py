@@ -56,9 +56,11 @@ class ProposalConfig(BaseModel):
         "measured on msrc21 train, round 0: 0.501 mIoU with 10 epochs, 0.504 with 30 at three times the "
         "time (about 30 s against 90 s a round on 2 cores)"))
     lr: float = 1e-3
-    negatives: bool = Field(False, description=(
+    negatives: bool = Field(True, description=(
         "train over every class (an untagged class is a negative for the image's proposals), not only the "
-        "tags; prediction is restricted to the tags either way"))
+        "tags; prediction is restricted to the tags either way. Measured on msrc21 train (run of "
+        "2026-12-01, --ablate proposals_negatives --ablate-rounds 3): round 2's labels 0.674 with, 0.661 "
+        "over the tags only; +0.012 at round 0 in an earlier run"))
     target_sharpen: float = 2.0
     mil_iterations: int = Field(0, ge=0, description="retrain the proposal classifier on the combined evidence")
     evidence: Literal["prelim", "combined"] = Field(

@@ -77,10 +77,10 @@ def test_ablation_variants_flag_what_the_config_cannot_express():
     on = bq.apply_overrides(WSSSConfig(), v["iou_filter"]["overrides"])
     assert bq.ablation_variants(on)["no_iou_filter"]["overrides"] == {"proposals.t1": 0.0, "proposals.p1": 0.0}
     assert v["no_mil_claim"]["overrides"] == {"mil.min_share": 0.0}
-    # the MIL trains against untagged classes by default, the proposal classifier does not
+    # the MIL and the proposal classifier both train against untagged classes by default
     assert v["mil_negatives_off"]["overrides"] == {"mil.negatives": "off"} and "mil_negatives_first_round" not in v
     assert v["mil_negatives_all_rounds"]["from_round"] == 1
-    assert v["proposals_negatives"]["overrides"] == {"proposals.negatives": True}
+    assert v["proposals_tags_only"]["overrides"] == {"proposals.negatives": False}
     assert "seeding_grabcut" not in v and {"seeding_random_walker", "seeding_none"} <= set(v)
     assert {"no_edges", "superpixel_skimage_slic", "superpixel_felzenszwalb", "fusion_topk", "no_mil",
             "no_seed_prior", "no_prelim_normalize", "no_class_balance"} <= set(v)
