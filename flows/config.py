@@ -58,9 +58,9 @@ class ProposalConfig(BaseModel):
     lr: float = 1e-3
     negatives: bool = Field(True, description=(
         "train over every class (an untagged class is a negative for the image's proposals), not only the "
-        "tags; prediction is restricted to the tags either way. Measured on msrc21 train (run of "
-        "2026-12-01, --ablate proposals_negatives --ablate-rounds 3): round 2's labels 0.674 with, 0.661 "
-        "over the tags only; +0.012 at round 0 in an earlier run"))
+        "tags; prediction is restricted to the tags either way. Measured on msrc21 train (runs of "
+        "2026-12-01, same classifier): rounds 0 / 1 / 2 0.622 / 0.657 / 0.674 with, 0.622 / 0.645 / 0.661 "
+        "over the tags only: the negatives act through the segmenter of the rounds after"))
     target_sharpen: float = 2.0
     mil_iterations: int = Field(0, ge=0, description="retrain the proposal classifier on the combined evidence")
     evidence: Literal["prelim", "combined"] = Field(
