@@ -60,7 +60,7 @@ class ProposalConfig(BaseModel):
         "train over every class (an untagged class is a negative for the image's proposals), not only the "
         "tags; prediction is restricted to the tags either way. Measured on msrc21 train (runs of "
         "2026-12-01, same classifier): rounds 0 / 1 / 2 0.622 / 0.657 / 0.674 with, 0.622 / 0.645 / 0.661 "
-        "over the tags only: the negatives act through the segmenter of the rounds after"))
+        "over the tags only: the gain comes in the rounds whose preliminary result is the segmenter's"))
     target_sharpen: float = 2.0
     mil_iterations: int = Field(0, ge=0, description="retrain the proposal classifier on the combined evidence")
     evidence: Literal["prelim", "combined"] = Field(
