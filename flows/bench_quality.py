@@ -429,6 +429,23 @@ def _link_shared(main: Path, variant: Path, main_cfg, vcfg) -> None:
             shutil.copy(marker, v0 / "done" / marker.name)
 
 
+def ratio(wsss: float | None, supervised: float | None) -> float | None:
+    """WSSS over supervised mIoU; None where either is missing or the reference scored 0."""
+    return wsss / supervised if wsss is not None and supervised else None
+
+
+def score_model(run: Path, eval_records: list[ImageRecord], eval_split: str, path: Path, eval_key: str,
+                shard_size: int, gate: dict, stage: str) -> tuple[dict, dict]:
+    """A segmentation checkpoint evaluated on ``eval_records``: its (gated, ungated) entries of
+    :func:`flows.wsss.evaluate_sources` (``miou``, ``per_class_iou``, ...; the ungated one is
+    empty without a gate, both are empty where no image has a mask)."""
+    from flows.wsss import evaluate_sources
+
+    ev = evaluate_sources(str(run), eval_records, [["model", eval_split]], shard_size, stage=stage,
+                          model_path=str(path), key=eval_key, **gate)
+    return ev.get(f"model:{eval_split}", {}), ev.get(f"model_ungated:{eval_split}", {})
+
+
 def _bench_flow(data: str, run_dir: str, config, address: str, eval_split: str | None = None,
                 ablate: list[str] | None = None, background: str | None = "auto",
                 crf: dict | None = None, compare: list[str] | None = None,
@@ -483,8 +500,8 @@ def _bench_flow(data: str, run_dir: str, config, address: str, eval_split: str |
         eval_split, eval_records = split, records
     eval_key = compute_all_features(str(run), eval_records, config)
     final_model = store.round_dir(final_r) / "model.pt"
-    wsss_ev = evaluate_sources(str(run), eval_records, [["model", eval_split]], config.shard_size,
-                               stage="evaluate WSSS model", model_path=str(final_model), key=eval_key, **gate)
+    wsss_ev, wsss_ev_u = score_model(run, eval_records, eval_split, final_model, eval_key, config.shard_size, gate,
+                                     "evaluate WSSS model")
     stages["evaluate_model"] = time.perf_counter() - t
 
     # 4. supervised reference: the final model's recipe (network, start, total epochs, seed: round
@@ -493,15 +510,12 @@ def _bench_flow(data: str, run_dir: str, config, address: str, eval_split: str |
     sup_cfg = final_model_config(config, len(rounds))
     sup_path, _ = train_round_segmenter(str(run), final_r, records, key, sup_cfg, None, label_round=None,
                                         out=run / "supervised" / "model.pt")
-    sup_ev = evaluate_sources(str(run), eval_records, [["model", eval_split]], config.shard_size,
-                              stage="evaluate supervised model", model_path=str(sup_path), key=eval_key, **gate)
+    sup_ev, sup_ev_u = score_model(run, eval_records, eval_split, sup_path, eval_key, config.shard_size, gate,
+                                   "evaluate supervised model")
     stages["supervised"] = time.perf_counter() - t
 
-    def miou(d: dict, k: str) -> float | None:
-        return d.get(k, {}).get("miou")
-
-    wsss_m, sup_m = miou(wsss_ev, f"model:{eval_split}"), miou(sup_ev, f"model:{eval_split}")
-    wsss_u, sup_u = miou(wsss_ev, f"model_ungated:{eval_split}"), miou(sup_ev, f"model_ungated:{eval_split}")
+    wsss_m, sup_m = wsss_ev.get("miou"), sup_ev.get("miou")
+    wsss_u, sup_u = wsss_ev_u.get("miou"), sup_ev_u.get("miou")
     ours = ev[f"{final_r}:pseudo"]
     res: dict[str, Any] = {
         "dataset": Path(data).name, "data_dir": str(Path(data).resolve()), "run_dir": str(run.resolve()),
@@ -514,15 +528,14 @@ def _bench_flow(data: str, run_dir: str, config, address: str, eval_split: str |
         "baselines": {name: {"miou": ev[f"0:{name}"]["miou"], "pixel_accuracy": ev[f"0:{name}"]["pixel_accuracy"]}
                       for name in ("cam", "cam_crf")},
         "wsss_model_miou": wsss_m, "supervised_model_miou": sup_m,
-        "wsss_over_supervised": (wsss_m / sup_m) if wsss_m is not None and sup_m else None,
+        "wsss_over_supervised": ratio(wsss_m, sup_m),
         "model_gate": "image classifier" if gate else None,
         "ungated": {"wsss_model_miou": wsss_u, "supervised_model_miou": sup_u,
-                    "wsss_over_supervised": (wsss_u / sup_u) if wsss_u is not None and sup_u else None} if gate else None,
+                    "wsss_over_supervised": ratio(wsss_u, sup_u)} if gate else None,
         "supervised_epochs": sup_cfg.segmentation.epochs,
         "per_class_iou": {"ours": ours["per_class_iou"], "cam": ev["0:cam"]["per_class_iou"],
                           "cam_crf": ev["0:cam_crf"]["per_class_iou"]},
-        "model_per_class_iou": {"wsss": wsss_ev.get(f"model:{eval_split}", {}).get("per_class_iou"),
-                                "supervised": sup_ev.get(f"model:{eval_split}", {}).get("per_class_iou")},
+        "model_per_class_iou": {"wsss": wsss_ev.get("per_class_iou"), "supervised": sup_ev.get("per_class_iou")},
         "crf": crf, "config": config.model_dump(mode="json"), "feature_key": key,
         "final_model": str(final_model), "supervised_model": str(sup_path), "warnings": warnings,
     }
@@ -598,7 +611,7 @@ def model_seed_spread(run: Path, records: list[ImageRecord], eval_records: list[
     with ``recipe`` (:func:`flows.wsss.final_model_config`) under seeds ``recipe.seed + 1 ..
     + n - 1``, evaluated like the first pair; returns every seed's figures (``first`` is seed 0's,
     already measured) and the mean, minimum and maximum of each figure and of the ratio."""
-    from flows.wsss import evaluate_sources, train_round_segmenter
+    from flows.wsss import train_round_segmenter
 
     rows = [first]
     for k in range(1, n):
@@ -608,15 +621,13 @@ def model_seed_spread(run: Path, records: list[ImageRecord], eval_records: list[
         for what, label_round in (("wsss", final_r), ("supervised", None)):
             path, _ = train_round_segmenter(str(run), final_r, records, key, cfg, None, label_round=label_round,
                                             out=folder / f"{what}.pt")
-            ev = evaluate_sources(str(run), eval_records, [["model", eval_split]], recipe.shard_size,
-                                  stage=f"evaluate seed {cfg.seed} {what}", model_path=str(path), key=eval_key, **gate)
-            row[what] = ev.get(f"model:{eval_split}", {}).get("miou")
-            row[f"{what}_ungated"] = ev.get(f"model_ungated:{eval_split}", {}).get("miou")
+            gated, ungated = score_model(run, eval_records, eval_split, path, eval_key, recipe.shard_size, gate,
+                                         f"evaluate seed {cfg.seed} {what}")
+            row[what], row[f"{what}_ungated"] = gated.get("miou"), ungated.get("miou")
         rows.append(row)
     for r in rows:
         for sfx in ("", "_ungated"):
-            w, s_ = r.get("wsss" + sfx), r.get("supervised" + sfx)
-            r["ratio" + sfx] = (w / s_) if w is not None and s_ else None
+            r["ratio" + sfx] = ratio(r.get("wsss" + sfx), r.get("supervised" + sfx))
     summary: dict[str, Any] = {"seeds": rows}
     for name in ("wsss", "supervised", "ratio", "wsss_ungated", "supervised_ungated", "ratio_ungated"):
         v = [r[name] for r in rows if r.get(name) is not None]
@@ -654,9 +665,10 @@ def compare_models(run: Path, records: list[ImageRecord], eval_records: list[Ima
     evaluated on ``eval_records``. The budget becomes whole epochs from each network's measured
     training speed, so every run completes its learning-rate schedule; ``fit``'s own time
     budget (``max_seconds``) stops a run that turns out slower than measured."""
-    from flows.wsss import evaluate_sources, gate_options, train_round_segmenter
+    from flows.wsss import gate_options, train_round_segmenter
 
     seg = config.segmentation
+    gate = gate_options(str(run), config)
     wanted = [(seg.model, dict(seg.options))] + [parse_model_spec(s) for s in specs]
     seen, nets = set(), []
     for name, options in wanted:
@@ -682,16 +694,13 @@ def compare_models(run: Path, records: list[ImageRecord], eval_records: list[Ima
             path, result = train_round_segmenter(str(run), final_r, records, key, cfg, None, label_round=label_round,
                                                  out=folder / f"{what}.pt")
             train_s = time.perf_counter() - t
-            ev = evaluate_sources(str(run), eval_records, [["model", eval_split]], config.shard_size,
-                                  stage=f"evaluate {tag} {what}", model_path=str(path), key=eval_key,
-                                  **gate_options(str(run), config))
-            m = ev.get(f"model:{eval_split}", {})
+            m, _ = score_model(run, eval_records, eval_split, path, eval_key, config.shard_size, gate,
+                               f"evaluate {tag} {what}")
             entry[what] = {"miou": m.get("miou"), "per_class_iou": m.get("per_class_iou"), "checkpoint": str(path),
                            "train_seconds": train_s if result is not None else None,
                            "epochs_run": result.epochs_run if result is not None else None,
                            "stopped": result.stopped if result is not None else None}
-        w, s_ = entry["wsss"]["miou"], entry["supervised"]["miou"]
-        entry["wsss_over_supervised"] = (w / s_) if w is not None and s_ else None
+        entry["wsss_over_supervised"] = ratio(entry["wsss"]["miou"], entry["supervised"]["miou"])
         out[tag] = entry
     return out
 
