@@ -33,7 +33,7 @@ def main() -> None:
     os.environ.setdefault("MLFLOW_TRACKING_URI", f"sqlite:///{root / 'mlflow.db'}")
     os.environ.setdefault("DASK_TEMPORARY_DIRECTORY", str(root / "dask-scratch"))
 
-    from flows.config import WSSSConfig
+    from tasks.config import WSSSConfig
     from flows.schedule import scheduled_refresh
 
     config = WSSSConfig.model_validate(json.loads(args.config.read_text()) if args.config else {})

@@ -43,11 +43,14 @@ def _config_args(p: argparse.ArgumentParser) -> None:
 
 
 def build_config(args, base: dict | None = None):
-    from flows.config import WSSSConfig
+    from tasks.config import WSSSConfig
 
     data = dict(base or {})
     if getattr(args, "config", None):
-        data = _merge(data, json.loads(Path(args.config).read_text()))
+        try:
+            data = _merge(data, json.loads(Path(args.config).read_text()))
+        except json.JSONDecodeError as e:
+            raise ValueError(f"{args.config}: not valid JSON ({e})") from None
     for item in getattr(args, "overrides", []):
         if "=" not in item:
             raise SystemExit(f"--set expects KEY=VALUE, got {item!r}")
@@ -75,7 +78,13 @@ def build_config(args, base: dict | None = None):
         data.setdefault("segmentation", {})["backbone_weights"] = weights
     if getattr(args, "device", None):
         data["device"] = args.device
-    return WSSSConfig.model_validate(data)
+    from pydantic import ValidationError
+
+    try:
+        return WSSSConfig.model_validate(data)
+    except ValidationError as e:
+        where = "; ".join(f"{'.'.join(str(p) for p in err['loc'])}: {err['msg']}" for err in e.errors())
+        raise ValueError(f"bad configuration (--set / --config): {where}") from None
 
 
 def _merge(a: dict, b: dict) -> dict:
@@ -112,62 +121,86 @@ def print_where(run_dir: Path, stream=sys.stdout) -> None:
 
 # ---------------------------------------------------------------------------- commands
 def cmd_ingest(args) -> int:
-    from flows.wsss import ingest, runner
-    from flows.runtime import dask_cluster
+    from tasks import ingest as ing
 
     bg = None if args.background == "none" else args.background
+    # options left unset take the defaults of tasks.ingest (the flow's keyword defaults)
+    checks = {k: v for k, v in dict(max_pixels=args.max_pixels, min_side=args.min_side,
+                                     allow_external_links=args.allow_external_links or None).items() if v is not None}
+    opts = checks | ({"alpha_background": args.alpha_background} if args.alpha_background is not None else {})
+    # the cheap checks (listing, tags, ids, duplicates, headers, links) before any worker or server starts
+    check = ing.check_source(args.source, background=bg, **checks)
+    check.raise_for(args.skip_invalid)
+    if args.alpha_background is not None:
+        ing.parse_colour(args.alpha_background)
+    if check.rejected:
+        print(f"skipping {len(check.rejected)} of {check.listed} listed image(s) (--skip-invalid); "
+              "the report lists each with its problems", file=sys.stderr)
+
+    from flows.runtime import dask_cluster, on_cluster
+    from flows.wsss import ingest
+
     with dask_cluster(args.dask_address, args.workers, Path(args.run_dir)) as address:
-        s = ingest.with_options(task_runner=runner(address))(str(args.source), args.run_dir, args.shard_size,
-                                                             args.skip_invalid, bg)
-    print(f"ingested {s['images']} images ({s['skipped']} skipped), {s['classes']} classes, "
-          f"splits {s['splits']}, implicit background: {s['implicit_background']}")
+        s = on_cluster(ingest, address)(str(args.source), args.run_dir, args.shard_size,
+                                        args.skip_invalid, bg, **opts)
+    print(f"ingested {s['images']} of {s['listed']} listed images ({s['skipped']} skipped, {s['problems']} "
+          f"problem(s)), {s['classes']} classes, splits {s['splits']}, implicit background: "
+          f"{s['implicit_background']}")
+    if s["composited"]:
+        print(f"{s['composited']} image(s) with transparent pixels composited on the background colour "
+              f"({args.alpha_background or ing.ALPHA_BACKGROUND}; see the report)")
+    print(f"report: {s['report']}")
     print(Path(args.run_dir).resolve() / "corpus")
     return 0
 
 
 def cmd_train(args, base: dict | None = None) -> int:
-    from flows.runtime import dask_cluster
-    from flows.wsss import runner, train_wsss
+    from flows.runtime import dask_cluster, on_cluster
+    from flows.wsss import train_wsss
 
     config = build_config(args, base)
     run = Path(args.run_dir).resolve()
     with dask_cluster(args.dask_address, args.workers, run) as address:
-        s = train_wsss.with_options(task_runner=runner(address))(str(run), config, address)
+        s = on_cluster(train_wsss, address)(str(run), config, address)
     print()
     print_rounds(s["rounds"])
     print(f"\nconverged: {s['converged']}; {len(s['rounds']) - 1} round(s) on {s['images']} images in "
           f"{s['wall_seconds']:.0f}s; final model {s['final_model']}")
     print_where(run)
-    print(run / "summary.json")
+    from tasks.store import Store
+
+    print(Store(run).summary_path)
     return 0
 
 
 def cmd_demo(args) -> int:
-    from flows.runtime import dask_cluster
-    from flows.wsss import ingest, runner, train_wsss
+    from flows.runtime import dask_cluster, on_cluster
+    from flows.wsss import ingest, train_wsss
 
     t0 = time.perf_counter()
     run = Path(args.run_dir).resolve()
     config = build_config(args, DEMO_CONFIG)
     print(f"wsseg demo: {SAMPLE} -> {run}", flush=True)
     with dask_cluster(args.dask_address, args.workers, run) as address:
-        ingest.with_options(task_runner=runner(address))(str(SAMPLE), str(run), 16, False, "auto")
-        s = train_wsss.with_options(task_runner=runner(address))(str(run), config, address)
+        on_cluster(ingest, address)(str(SAMPLE), str(run), 16, False, "auto")
+        s = on_cluster(train_wsss, address)(str(run), config, address)
     print("\npseudo-label quality on the sample (tags only for training; masks only for this table):")
     print_rounds(s["rounds"])
     print(f"\nconverged: {s['converged']}; total wall time {time.perf_counter() - t0:.0f}s; "
           f"overlays: {run / 'rounds' / 'r000' / 'overlay.png'} ...")
     print_where(run)
-    print(run / "summary.json")
+    from tasks.store import Store
+
+    print(Store(run).summary_path)
     return 0
 
 
 def cmd_evaluate(args) -> int:
-    from flows.runtime import dask_cluster
-    from flows.wsss import evaluate, runner
+    from flows.runtime import dask_cluster, on_cluster
+    from flows.wsss import evaluate
 
     with dask_cluster(args.dask_address, args.workers, Path(args.run_dir)) as address:
-        res = evaluate.with_options(task_runner=runner(address))(str(Path(args.run_dir).resolve()), args.round,
+        res = on_cluster(evaluate, address)(str(Path(args.run_dir).resolve()), args.round,
                                                                  args.split, args.source)
     gate = (f" (gated by the image classifier; ungated {res['ungated_miou']:.4f})"
             if res.get("gated") else "")
@@ -220,9 +253,24 @@ def parser() -> argparse.ArgumentParser:
                                    "layout, into the run directory's corpus store.")
     p.add_argument("source", type=Path)
     p.add_argument("--shard-size", type=int, default=32)
-    p.add_argument("--skip-invalid", action="store_true", help="drop unreadable images instead of failing")
+    p.add_argument("--skip-invalid", action="store_true",
+                   help="ingest every valid image and skip each listed image with a problem (bad row, tag, id, "
+                        "duplicate, header, link, decoding, mask) instead of failing; corpus/ingest_report.json "
+                        "lists the skipped ones")
     p.add_argument("--background", default="auto",
                    help="implicit background class name, 'none', or 'auto' (first class named background)")
+    p.add_argument("--max-pixels", type=int, default=None,
+                   help="refuse images whose header gives more pixels (width x height) than this, before "
+                        "decoding (default 89478485, PIL's limit: about 89 Mpx; raise it for large images "
+                        "when the workers have the memory: 3 bytes a pixel per copy)")
+    p.add_argument("--min-side", type=int, default=None,
+                   help="refuse images with a side under this many pixels (default 32)")
+    p.add_argument("--allow-external-links", action="store_true",
+                   help="accept image and mask files that are symbolic links leading outside the source folder "
+                        "(refused by default)")
+    p.add_argument("--alpha-background", default=None,
+                   help="colour that images with transparent pixels are composited on: a name, #rrggbb or "
+                        "r,g,b (default white); each composited image is noted in the report")
     _common(p, "runs/default")
     p.set_defaults(func=cmd_ingest)
 
@@ -251,42 +299,313 @@ def parser() -> argparse.ArgumentParser:
 
     bench = sub.add_parser("bench", help="benchmarks that print and write figures").add_subparsers(
         dest="bench", required=True)
-    _register_optional(sub, bench)
+    _add_bench_quality_parser(bench)
+    _add_bench_train_parser(bench)
+    _add_bench_highres_parser(bench)
+    _add_segment_parser(sub)
     return ap
 
 
-def _register_optional(sub, bench) -> None:
-    """Subcommands living in their own modules (benchmarks, high-resolution segmentation)."""
-    import importlib
+#: commands that write a run directory: one at a time per directory (tasks.store.lock)
+WRITERS = ("demo", "ingest", "train", "bench quality")
 
-    for module, fn, target in (("flows.bench_quality", "add_bench_quality_parser", bench),
-                               ("flows.bench_train", "add_bench_train_parser", bench),
-                               ("flows.highres", "add_bench_highres_parser", bench),
-                               ("flows.highres", "add_segment_parser", sub)):
-        try:
-            mod = importlib.import_module(module)
-        except ModuleNotFoundError as e:
-            if e.name != module:
-                raise
-            continue
-        getattr(mod, fn)(target)
+
+def command_name(args) -> str:
+    return f"bench {args.bench}" if args.command == "bench" else args.command
+
+
+def precheck(args) -> None:
+    """Input mistakes that cost nothing to find, found before Prefect, Dask or the run directory
+    are touched (so the error comes in a second and nothing is left behind)."""
+    from tasks.store import Store
+
+    name = command_name(args)
+    if name in ("train", "demo"):
+        build_config(args, DEMO_CONFIG if name == "demo" else None)  # a bad --set or --config fails here
+    if name in ("train", "evaluate"):
+        run = Path(args.run_dir)
+        if not Store(run).has_corpus():
+            raise ValueError(f"{run}: no corpus here; run `wsseg ingest SOURCE --run-dir {args.run_dir}` first")
+    if name == "evaluate" and not Store(args.run_dir).finished_rounds():
+        raise ValueError(f"{args.run_dir}: no finished round yet; run `wsseg train --run-dir {args.run_dir}` first")
+    if name == "ingest" and not Path(args.source).is_dir():
+        raise ValueError(f"{args.source}: no such source folder")
+
+
+def _remove_if_scaffolding(run_dir: Path) -> None:
+    """Remove a run directory this command created when it holds nothing but what starting a
+    command puts there (Prefect's and Dask's folders, the lock): a failed command leaves nothing
+    behind, and never removes work."""
+    import shutil
+
+    scaffolding = {".prefect", "dask-scratch", ".wsseg.lock", "mlflow.db", "mlartifacts"}
+    if run_dir.is_dir() and all(p.name in scaffolding or (p.is_dir() and not any(p.iterdir()))
+                                for p in run_dir.iterdir()):
+        shutil.rmtree(run_dir, ignore_errors=True)
 
 
 def main(argv: list[str] | None = None) -> int:
     args = parser().parse_args(argv)
-    if hasattr(args, "run_dir"):
-        from flows.runtime import prepare
-
-        prepare(args.run_dir, verbose=getattr(args, "verbose", False))
+    verbose = getattr(args, "verbose", False)
+    run_dir = Path(args.run_dir) if getattr(args, "run_dir", None) else None
+    existed = run_dir is not None and run_dir.exists()
     try:
+        precheck(args)
+        if run_dir is not None:
+            from flows.runtime import prepare, start_reaper
+
+            prepare(run_dir, verbose=verbose)
+            start_reaper()
+        if run_dir is not None and command_name(args) in WRITERS:
+            from tasks.store import Store
+
+            with Store(run_dir).lock(f"wsseg {command_name(args)}"):
+                return args.func(args)
         return args.func(args)
     except Exception as e:  # clear one-line errors for input problems, tracebacks for bugs
         from tasks.ingest import IngestError
 
-        if isinstance(e, (IngestError, FileNotFoundError, ValueError)) and not getattr(args, "verbose", False):
+        if isinstance(e, (IngestError, FileNotFoundError, ValueError)) and not verbose:
+            if run_dir is not None and not existed:
+                _remove_if_scaffolding(run_dir)
             print(f"wsseg: error: {e}", file=sys.stderr)
             return 2
         raise
+
+
+# ---------------------------------------------------------------------------- bench quality (parser)
+def _add_bench_quality_parser(bench) -> argparse.ArgumentParser:
+    """Register ``wsseg bench quality`` (flow :func:`flows.bench_quality.bench_quality`)."""
+    from tasks.ablation import ablation_variants
+    from tasks.config import WSSSConfig
+
+    p = bench.add_parser(
+        "quality", help="pseudo-label mIoU vs CAM and CAM+CRF, WSSS vs supervised model, ablations",
+        description="Ingest a dataset folder (images/, labels.csv, optional classes.txt, masks/ and split files), "
+                    "run the refresh rounds on --split with tags only, and measure against the masks: the "
+                    "pseudo-labels of every round, the CAM and CAM + dense CRF baselines on the same images, the "
+                    "final model and a model trained on the masks (same network and epochs) on --eval-split. "
+                    "Writes FILE.json, FILE.md (table) and FILE.png (overlays).")
+    p.add_argument("--data", required=True, type=Path, help="dataset folder (the layout of `wsseg ingest`)")
+    p.add_argument("--split", default=None, help="split the method runs on (default: the config's, train)")
+    p.add_argument("--eval-split", default="val",
+                   help="split the models are evaluated on (default val; when it has no masked image the "
+                        "training split is used and the JSON says so under warnings)")
+    p.add_argument("--out", type=Path, default=None, help="result JSON (default: RUN_DIR/quality.json); "
+                                                          ".md and .png are written beside it")
+    p.add_argument("--ablate", nargs="*", default=None, metavar="NAME",
+                   help="also run the ablation variants (all, or only those named); for the default "
+                        f"configuration: {', '.join(ablation_variants(WSSSConfig()))} (the set follows the "
+                        "configuration: e.g. no_iou_filter when the filter is on)")
+    p.add_argument("--ablate-rounds", type=int, default=1, metavar="R",
+                   help="label-only rounds each ablation variant runs (default 1: round 0's pseudo-labels, "
+                        "compared with the main run's round 0); no_edges and no_round_prior act from round 1 "
+                        "on and need 2, as do no_prelim_normalize and no_class_balance")
+    p.add_argument("--compare-models", nargs="+", default=None, metavar="NAME[=JSON]",
+                   help="also train these networks (and the configured one) from scratch on the final "
+                        "pseudo-labels and on the masks, same wall-time budget each, evaluated on --eval-split; "
+                        "e.g. --compare-models fusion='{\"width\": 0.25}'")
+    p.add_argument("--compare-seconds", type=float, default=300.0,
+                   help="training budget of each --compare-models run, in seconds (default 300)")
+    p.add_argument("--model-seeds", type=int, default=1, metavar="N",
+                   help="train the WSSS model and the supervised reference under N seeds each (default 1) "
+                        "and report every seed's mIoU and the ratio's mean and range: on a small eval split "
+                        "the seed alone moves the ratio by a few hundredths; each further seed costs two "
+                        "trainings of the final model")
+    p.add_argument("--background", default="auto",
+                   help="implicit background class name, 'none', or 'auto' (first class named background)")
+    _common(p, "runs/bench-quality")
+    _config_args(p)
+    p.set_defaults(func=cmd_bench_quality)
+    return p
+
+
+def cmd_bench_quality(args) -> int:
+    from flows.bench_quality import bench_quality
+    from flows.runtime import dask_cluster, on_cluster
+    from tasks.ablation import check_overrides
+    from tasks.quality import check_inputs, parse_model_spec
+    from tasks.report import markdown_report
+    from tasks.store import Store
+
+    check_overrides(args.overrides)
+    for spec in args.compare_models or []:
+        parse_model_spec(spec)  # a typo fails now, not after the rounds
+    config = build_config(args)
+    if args.split:
+        config = config.model_copy(update={"split": args.split})
+    run = Path(args.run_dir).resolve()
+    out = (Path(args.out) if args.out else run / "quality.json").resolve()
+    check_inputs(Store(run), args.data, out, args.model_seeds)  # before the cluster starts
+    with dask_cluster(args.dask_address, args.workers, run) as address:
+        res = on_cluster(bench_quality, address)(
+            str(args.data), str(run), config, str(out), eval_split=args.eval_split, ablate=args.ablate,
+            dask_address=address, background=None if args.background == "none" else args.background,
+            compare=args.compare_models, compare_seconds=args.compare_seconds,
+            ablate_rounds=args.ablate_rounds, model_seeds=args.model_seeds)
+    print()
+    print(markdown_report(res))
+    print(f"table:  {res['table']}\nfigure: {res['figure']}")
+    print(out)
+    return 0
+
+
+# ---------------------------------------------------------------------------- method C and bench train (parsers)
+def cmd_segment(args) -> int:
+    from flows.runtime import prefect_api, prepare
+
+    prepare(args.out)  # Prefect and MLflow state of `wsseg segment` live in the --out folder
+    from flows.highres import segment
+
+    t0 = time.perf_counter()
+    try:
+        with prefect_api() as ready:
+            ready()
+            report = segment([str(p) for p in args.inputs], str(args.model), str(args.out), patch_size=args.patch_size,
+                             overlap=args.overlap, batch=args.batch, device=args.device, fov=args.fov, gate=args.gate,
+                             threads=args.threads)
+    except ValueError as e:
+        print(f"wsseg segment: error: {e}", file=sys.stderr)
+        return 2
+    n = len(report["images"])
+    print(f"{n} label map{'s' if n != 1 else ''} in {time.perf_counter() - t0:.1f} s: {Path(args.out).resolve()}")
+    return 0
+
+
+def _add_segment_parser(sub) -> argparse.ArgumentParser:
+    """Register ``segment``: label images with a trained checkpoint (global-local: any size)."""
+    p = sub.add_parser(
+        "segment", help="label images with a trained model (global-local: any size, patch by patch)",
+        description="Label images with a trained model. A global-local model (METHOD.md C) works patch by patch "
+                    "with the whole image's coarse context, stitched with bounded memory, and writes "
+                    "<out>/<stem>.png (palette PNG of class indices) and, above 50 megapixels, <out>/<stem>.zarr; "
+                    "outside the camera's field of view (a dark surround, as in fundus photographs) pixels get "
+                    "class 0. The small or fusion model of a `wsseg train` run labels each image whole, its class "
+                    "probabilities weighted by the run's image classifier (see --gate), and writes <stem>.png and "
+                    "<stem>_overlay.png.")
+    p.add_argument("inputs", nargs="+", help="image files (JPEG/PNG/TIFF)")
+    p.add_argument("--model", "--checkpoint", dest="model", required=True, metavar="RUN_OR_CHECKPOINT",
+                   help="a checkpoint (.pt), a `wsseg train` run directory (its final model), or a `wsseg bench "
+                        "highres` output (its JSON or folder: the *_global_local.pt beside it); --checkpoint is an "
+                        "alias")
+    p.add_argument("--out", "--out-dir", dest="out", required=True, metavar="DIR",
+                   help="folder for the label PNGs (created); --out-dir is an alias")
+    p.add_argument("--fov", choices=["auto", "none"], default="auto",
+                   help="auto (default): estimate the field of view where the image has a dark surround and give "
+                        "the pixels outside it class 0; none: keep every pixel")
+    p.add_argument("--patch-size", type=int, default=None, help="patch side (default: the model's)")
+    p.add_argument("--overlap", type=int, default=None, help="patch overlap in pixels (default: the checkpoint's)")
+    p.add_argument("--batch", type=int, default=4, help="patches per forward pass (default 4)")
+    p.add_argument("--gate", action=argparse.BooleanOptionalAction, default=None,
+                   help="whole-image models: weight each class by the run's image classifier (default: the run's "
+                        "inference.gate, on unless changed; what `bench quality` measures)")
+    p.add_argument("--device", default="cpu", help="torch device (default cpu)")
+    p.add_argument("--threads", type=int, default=None, help="torch CPU threads (default: torch's)")
+    p.set_defaults(func=cmd_segment)
+    return p
+
+
+def cmd_bench_highres(args) -> int:
+    from flows.runtime import prefect_api, prepare
+
+    prepare(Path(args.out).resolve().parent)  # Prefect and MLflow state beside the result JSON
+    from flows.highres import bench_highres
+
+    try:
+        with prefect_api() as ready:
+            ready()
+            bench_highres(str(args.data), args.split, str(args.out), train_n=args.train_n, eval_n=args.eval_n,
+                          patch_size=args.patch_size, scale=args.scale, steps=args.steps, batch=args.batch,
+                          lr=args.lr, width=args.width, overlap=args.overlap, balanced=args.balanced, seed=args.seed,
+                          threads=args.threads, device=args.device)
+    except ValueError as e:
+        print(f"wsseg bench highres: error: {e}", file=sys.stderr)
+        return 2
+    return 0
+
+
+def _add_bench_highres_parser(bench) -> argparse.ArgumentParser:
+    """Register ``highres`` under ``bench``: global-local vs. patch-only vs. downsampled."""
+    p = bench.add_parser(
+        "highres", help="global-local vs. patches without context vs. downsampled image, with memory and speed",
+        description="Train and score, on the same images and step budget, (a) the global-local network, (b) the "
+                    "same network on patches without global context, (c) the whole image downsampled to the "
+                    "patch size; measure the peak memory of `wsseg segment` on an evaluation image at its original "
+                    "size and at twice its side, and CPU megapixels per second. Writes the JSON, an overlay PNG "
+                    "and the global-local checkpoint.")
+    p.add_argument("--data", "--data-dir", dest="data", required=True, metavar="DIR",
+                   help="folder with images/<id>.jpg, masks/<id>.png, <split>.txt (masks: 0 background, 1 vessel, "
+                        "255 ignore); --data-dir is an alias")
+    p.add_argument("--split", default="train", help="id list to draw train and eval images from (default train)")
+    p.add_argument("--out", "--out-json", dest="out", required=True, metavar="FILE.json",
+                   help="result JSON (overlay PNG and checkpoint go beside it); --out-json is an alias")
+    p.add_argument("--train-n", type=int, default=12, help="training images (default 12)")
+    p.add_argument("--eval-n", type=int, default=3, help="evaluation images (default 3)")
+    p.add_argument("--patch-size", type=int, default=256, help="patch side at working resolution (default 256)")
+    p.add_argument("--scale", type=float, default=0.5, help="working resolution / original (default 0.5)")
+    p.add_argument("--steps", type=int, default=400, help="training steps per variant (default 400)")
+    p.add_argument("--batch", type=int, default=4, help="patches per step (default 4)")
+    p.add_argument("--lr", type=float, default=2e-3, help="peak learning rate (default 2e-3)")
+    p.add_argument("--width", type=int, default=16, help="backbone channels (default 16)")
+    p.add_argument("--overlap", type=int, default=32, help="patch overlap at inference (default 32)")
+    p.add_argument("--balanced", type=float, default=0.0, help="fraction of patches centred on vessels (default 0)")
+    p.add_argument("--seed", type=int, default=0, help="random seed (default 0)")
+    p.add_argument("--threads", type=int, default=2, help="torch CPU threads (default 2)")
+    p.add_argument("--device", default="cpu", help="torch device (default cpu)")
+    p.set_defaults(func=cmd_bench_highres)
+    return p
+
+
+def cmd_bench_train(args) -> int:
+    from flows.bench_train import bench_train
+    from flows.runtime import prefect_api
+    from tasks.bench_train import format_summary
+
+    try:
+        options = json.loads(args.options)
+    except json.JSONDecodeError as e:
+        raise ValueError(f"--options must be a JSON object, e.g. '{{\"width\": 0.25}}'; got {args.options!r} ({e})")
+    if not isinstance(options, dict):
+        raise ValueError(f"--options must be a JSON object, e.g. '{{\"width\": 0.25}}'; got {args.options!r}")
+    with prefect_api() as ready:
+        ready()
+        r = bench_train(args.model, str(args.out), size=args.size, batch=args.batch, steps=args.steps,
+                        warmup=args.warmup, workers=args.workers, threads=args.threads or None, options=options,
+                        run_dir=str(args.run_dir), device=args.device, data=str(args.data), seed=args.seed)
+    print(format_summary(r))
+    print(Path(args.out).resolve())
+    return 0
+
+
+def _add_bench_train_parser(bench) -> argparse.ArgumentParser:
+    """Register ``wsseg bench train``."""
+    p = bench.add_parser(
+        "train", help="training throughput (images/s, data-wait share, peak RSS) of a registry network",
+        description="Ingest the bundled sample (or --data) into --run-dir, then train a registry network on "
+                    "--size x --size crops for --steps steps with batches read from the Zarr store through the "
+                    "real training path (LabelLoader -> StoreDataset -> DataLoader workers, ground-truth masks as "
+                    "labels) and report steady-state images/s, the share of time waiting for the loader, peak "
+                    "RSS of the process and its loader workers, device, threads and parameter count. "
+                    "Prints a summary and writes --out (JSON).")
+    p.add_argument("--model", required=True, help="registry name: small, fusion, global_local")
+    p.add_argument("--out", required=True, type=Path, help="result JSON file")
+    p.add_argument("--size", type=int, default=256, help="square crop side in pixels (default 256)")
+    p.add_argument("--batch", type=int, default=8, help="images per step (default 8)")
+    p.add_argument("--steps", type=int, default=24, help="optimiser steps to run (default 24)")
+    p.add_argument("--warmup", type=int, default=3, help="first steps left out of the figures (default 3)")
+    p.add_argument("--workers", type=int, default=1, help="DataLoader worker processes (default 1; 0 = in process)")
+    p.add_argument("--threads", type=int, default=1,
+                   help="torch threads of the training process (default 1; 0 keeps torch's default)")
+    p.add_argument("--options", default="{}", help="builder options as JSON, e.g. '{\"width\": 0.25}' for fusion")
+    p.add_argument("--data", type=Path, default=SAMPLE,
+                   help="dataset folder with masks (default: the bundled MSRC-21 sample)")
+    p.add_argument("--run-dir", default="runs/bench-train",
+                   help="run directory holding the corpus store and feature cache (default: runs/bench-train)")
+    p.add_argument("--device", default="auto", help="auto (CUDA when present, else CPU), cpu or cuda")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--verbose", action="store_true", help="tracebacks instead of one-line errors")
+    p.set_defaults(func=cmd_bench_train)
+    return p
 
 
 if __name__ == "__main__":

@@ -8,9 +8,7 @@ from __future__ import annotations
 
 import contextlib
 import os
-import sys
 import threading
-import time
 from pathlib import Path
 from typing import Callable, Iterator
 
@@ -109,7 +107,7 @@ def dask_cluster(address: str | None, n_workers: int, run_dir: Path) -> Iterator
 
         with dask.config.set({"distributed.nanny.pre-spawn-environ": worker_environ()}), \
                 LocalCluster(n_workers=n_workers, threads_per_worker=1, processes=True,
-                             dashboard_address=":0", local_directory=str(run_dir / "dask-scratch"),
+                             dashboard_address="127.0.0.1:0", local_directory=str(run_dir / "dask-scratch"),
                              silence_logs=40) as cluster:
             ready()
             yield cluster.scheduler_address
@@ -135,22 +133,61 @@ def worker_environ() -> dict:
     return env
 
 
-class Progress:
-    """One-line progress messages on stderr: ``[stage] done/total unit  elapsed``."""
+def on_cluster(flow_fn, address: str | None):
+    """``flow_fn`` with its shard tasks on the Dask scheduler at ``address`` (unchanged when None:
+    it keeps the task runner it was called with, or Prefect's default)."""
+    if not address:
+        return flow_fn
+    from prefect_dask import DaskTaskRunner
 
-    def __init__(self, stage: str, total: int, unit: str = "images", stream=None):
-        self.stage, self.total, self.unit = stage, total, unit
-        self.done = 0
-        self.t0 = time.perf_counter()
-        self.stream = stream or sys.stderr
+    return flow_fn.with_options(task_runner=DaskTaskRunner(address=address))
 
-    def advance(self, n: int, note: str = "") -> None:
-        self.done += n
-        el = time.perf_counter() - self.t0
-        eta = el / self.done * (self.total - self.done) if self.done else 0.0
-        extra = f"  {note}" if note else ""
-        print(f"  [{self.stage}] {self.done}/{self.total} {self.unit}  {el:5.1f}s  eta {eta:4.0f}s{extra}",
-              file=self.stream, flush=True)
 
-    def message(self, text: str) -> None:
-        print(f"  [{self.stage}] {text}", file=self.stream, flush=True)
+# The watchdog of start_reaper(): it records the command's descendants while the command lives and
+# ends those still running once it is gone (SIGTERM, then SIGKILL after 5 s).
+_REAPER = """
+import os, sys, time
+import psutil
+parent, me, seen = psutil.Process(int(sys.argv[1])), os.getpid(), {}
+while True:
+    try:
+        if not parent.is_running() or parent.status() == psutil.STATUS_ZOMBIE:
+            break
+        for c in parent.children(recursive=True):
+            if c.pid != me:
+                seen[c.pid] = c.create_time()
+    except psutil.NoSuchProcess:
+        break
+    time.sleep(0.5)
+procs = []
+for pid, started in seen.items():
+    try:
+        p = psutil.Process(pid)
+        if p.create_time() == started:
+            procs.append(p)
+    except psutil.NoSuchProcess:
+        pass
+for p in procs:
+    try:
+        p.terminate()
+    except psutil.NoSuchProcess:
+        pass
+gone, alive = psutil.wait_procs(procs, timeout=5)
+for p in alive:
+    try:
+        p.kill()
+    except psutil.NoSuchProcess:
+        pass
+"""
+
+
+def start_reaper() -> None:
+    """Start a watchdog process that ends this command's child processes (Dask workers and their
+    nannies, the local Prefect API server, data-loader workers) when this process ends, however
+    it ends: a SIGKILL gives the command itself no chance to stop them. The watchdog runs in a
+    session of its own, so a Ctrl-C to the terminal's job reaches the command, not it."""
+    import subprocess
+    import sys
+
+    subprocess.Popen([sys.executable, "-c", _REAPER, str(os.getpid())], start_new_session=True,
+                     stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, close_fds=True)

@@ -12,9 +12,9 @@ from pathlib import Path
 
 from prefect import flow
 
-from flows.config import WSSSConfig
-from flows.runtime import dask_cluster
-from flows.wsss import ingest, runner, train_wsss
+from tasks.config import WSSSConfig
+from flows.runtime import dask_cluster, on_cluster
+from flows.wsss import ingest, train_wsss
 
 
 @flow(name="scheduled_refresh")
@@ -26,8 +26,8 @@ def scheduled_refresh(source: str, runs_root: str, config: WSSSConfig = WSSSConf
     (root / "cache").mkdir(exist_ok=True)
     (run_dir / "cache").symlink_to(root / "cache", target_is_directory=True)
     with dask_cluster(dask_address, workers, run_dir) as address:
-        ingest.with_options(task_runner=runner(address))(source, str(run_dir))
-        summary = train_wsss.with_options(task_runner=runner(address))(str(run_dir), config, address)
+        on_cluster(ingest, address)(source, str(run_dir))
+        summary = on_cluster(train_wsss, address)(str(run_dir), config, address)
     latest = root / "latest"
     tmp = root / ".latest.tmp"
     if tmp.is_symlink():

@@ -32,7 +32,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from models.roi_align import roi_align
-from tasks.tiling import RowStitcher, Stitcher, extract_patches, patch_grid
+from models.tiling import RowStitcher, Stitcher, extract_patches, patch_grid
 
 __all__ = ["CompactHRNet", "GlobalLocalNet", "global_local", "segment_large", "coarse_image", "coarse_input",
            "patch_boxes_in_coarse", "normalize"]
@@ -394,9 +394,9 @@ def segment_large(model: GlobalLocalNet, image, *, patch_size: int | None = None
                   out=None):
     """Segment an image of any size with bounded memory.
 
-    Patches are cut row by row (:func:`tasks.tiling.patch_grid` order), normalised and run
+    Patches are cut row by row (:func:`models.tiling.patch_grid` order), normalised and run
     in batches of ``batch``; their logits are averaged in overlaps by a
-    :class:`tasks.tiling.RowStitcher` that keeps only one band of ``patch_size`` rows
+    :class:`models.tiling.RowStitcher` that keeps only one band of ``patch_size`` rows
     (``K x p x W`` floats); finished rows are turned into labels at once.  Peak memory is
     therefore the model on ``batch`` patches + one band + the input image and the
     (H, W) uint8 output.  The image is only ever read by slices (patches, and bands of

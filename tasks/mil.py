@@ -21,7 +21,13 @@ from typing import Callable
 
 import numpy as np
 
-from tasks.proposal_classifier import ProposalMLP, combine_evidence, predict_proposals, train_proposal_classifier
+from tasks import superpixels as spx
+from tasks.config import MILConfig
+from tasks.feature_cache import load_features
+from tasks.progress import Progress
+from tasks.store import ImageRecord, Store
+
+from tasks.proposal_classifier import ProposalMLP, evidence, train_proposal_classifier
 
 
 def hard_targets(evidence: np.ndarray, allowed: np.ndarray) -> np.ndarray:
@@ -123,11 +129,34 @@ def refine(features: list[np.ndarray], prelim: list[np.ndarray], allowed: list[n
     return MILResult(model, changed, losses)
 
 
-def evidence(model: ProposalMLP | None, features: np.ndarray, prelim: np.ndarray, allowed: np.ndarray,
-             prior_weight: float) -> np.ndarray:
-    """(S, K) refined evidence of one image: the normalised geometric mixture
-    ``prediction ** (1 - w) * prelim ** w`` over the allowed classes (the preliminary result itself,
-    renormalised, without a model)."""
-    if model is None or len(features) == 0:
-        return combine_evidence(prelim, prelim, allowed, weight=1.0)
-    return combine_evidence(prelim, predict_proposals(model, features, allowed), allowed, weight=prior_weight)
+def train_round(store: Store, r: int, records: list[ImageRecord], feature_key: str, cfg: MILConfig, *, seed: int,
+                log: Callable[[dict, int], None] | None = None) -> bool:
+    """Round ``r``'s superpixel MIL classifier, trained on the whole corpus (:func:`refine`) from
+    the round's preliminary result and saved as the round's ``mil`` checkpoint. Returns False
+    when MIL is off (``cfg.iterations == 0``)."""
+    if cfg.iterations == 0:
+        return False
+    if store.usable_checkpoint("mil", r):
+        return True
+    classes = store.classes()
+    feats, prelims, tags, areas = [], [], [], []
+    prog = Progress(f"r{r} superpixel MIL", cfg.iterations, "iterations")
+    for rec in records:
+        f = load_features(store, rec, feature_key)
+        feats.append(f.sp_features)
+        prelims.append(spx.pool(store.prelim(r, rec.image_id, classes.n), f.superpixels, n=len(f.sp_areas),
+                                channel_axis=0))
+        tags.append(classes.tag_vector(rec.tags))
+        areas.append(f.sp_areas)
+
+    def report(i: int, changed: float, loss: float) -> None:
+        prog.advance(1, f"labels changed {changed:.3f}, loss {loss:.3f}")
+        if log is not None:
+            log({"mil_changed_share": changed, "mil_loss": loss}, i)
+
+    res = refine(feats, prelims, tags, areas, iterations=cfg.iterations, prior_weight=cfg.prior_weight,
+                 hidden=cfg.hidden, min_share=cfg.min_share, negatives=cfg.negatives_in(r), epochs=cfg.epochs,
+                 lr=cfg.lr, seed=seed + r, progress=report)
+    store.write_classifier("mil", r, res.model, changed=[float(c) for c in res.changed],
+                         losses=[float(v) for v in res.losses])
+    return True

@@ -5,76 +5,23 @@ through :class:`tasks.store.Store`.
 """
 from __future__ import annotations
 
-import json
 import time
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Sequence
 
 import numpy as np
-import scipy.sparse as sp
 import torch
 
-import models
-from tasks import training as tr
-from tasks.ingest import load_image, load_mask
-from tasks.metrics import ConfusionAccumulator, changed_share, ignore_share
-from tasks.proposal_classifier import combine_evidence, predict_proposals, superpixel_scores
-
-from tasks import mil
 from tasks import superpixels as spx
-from tasks.edges import feature_region_map
-from tasks.features import proposal_features, superpixel_features
+from tasks import training as tr
+from tasks.config import ClassifierConfig, FeatureConfig, ProposalConfig, WSSSConfig
+from tasks.feature_cache import ImageFeatures, compute_features, load_edges, load_features, proposal_inputs
 from tasks.fusion import pseudo_label
-from tasks.proposals import hierarchical_proposals
-from tasks.store import (ClassSpec, ImageRecord, Store, arrays_to_sparse, params_key, records_by_id,
-                         sha256_file, sparse_to_arrays)
-
-FEATURE_STAGE = "features"
-
-
-@dataclass
-class ImageFeatures:
-    edges: np.ndarray          # (H, W) uint8 {0,1} feature-region map
-    superpixels: np.ndarray    # (H, W) int32
-    sp_features: np.ndarray    # (S, D) float32
-    membership: sp.csr_matrix  # (P, S) bool
-    sp_areas: np.ndarray       # (S,) int64
-
-
-def feature_key(fcfg: dict) -> str:
-    return params_key({"stage": FEATURE_STAGE, "version": 1, **fcfg})
-
-
-def compute_features(store: Store, rec: ImageRecord, fcfg: dict, key: str) -> bool:
-    """Superpixels, feature-region map, superpixel features and proposals of one image,
-    cached by image content and parameters. Returns False when the cache already had them."""
-    if store.has_cached(FEATURE_STAGE, key, rec.sha256):
-        return False
-    image = store.image(rec.image_id)
-    edges = feature_region_map(image, sigma=fcfg["edge_sigma"], tau=fcfg["edge_tau"])
-    labels = spx.superpixels(image, method=fcfg["superpixel_method"], region_size=fcfg["region_size"],
-                             ruler=fcfg["ruler"])
-    feats = superpixel_features(image, labels, edge_map=edges)
-    membership = hierarchical_proposals(image, labels, edge_map=edges, min_size=fcfg["proposal_min_size"],
-                                        diversify=fcfg["proposal_diversify"])
-    store.put_cached(FEATURE_STAGE, key, rec.sha256, {
-        "edges": edges.astype(np.uint8), "superpixels": labels.astype(np.int32),
-        "spfeat": feats.astype(np.float32), **sparse_to_arrays(membership)})
-    return True
-
-
-def load_edges(store: Store, rec: ImageRecord, key: str) -> np.ndarray:
-    """The (H, W) feature-region map alone (a network's 4th input channel), without the superpixel parts."""
-    return store.cached(FEATURE_STAGE, key, rec.sha256, ("edges",))["edges"]
-
-
-def load_features(store: Store, rec: ImageRecord, key: str) -> ImageFeatures:
-    d = store.cached(FEATURE_STAGE, key, rec.sha256)
-    labels = d["superpixels"]
-    return ImageFeatures(d["edges"], labels, d["spfeat"], arrays_to_sparse(d),
-                         spx.areas(labels, n=d["spfeat"].shape[0]))
-
+from tasks.ingest import ALPHA_BACKGROUND, decode_image, load_mask
+from tasks.metrics import ConfusionAccumulator, changed_share, ignore_share
+from tasks.proposal_classifier import (combine_evidence, predict_proposals, round_mil_model, sp_evidence,
+                                       superpixel_scores)
+from tasks.store import ClassSpec, Store, records_by_id, sha256_file
 
 def restrict(prob: np.ndarray, allowed: np.ndarray, eps: float = 1e-6) -> np.ndarray:
     """(K, H, W) probabilities renormalised over the ``allowed`` classes (zero elsewhere)."""
@@ -96,12 +43,19 @@ def gate_probs(prob: np.ndarray, class_probs: np.ndarray, object_classes: Sequen
 
 class ClassifierGate:
     """A run's image classifier applied to untagged images: ``gate(prob, image)`` is
-    :func:`gate_probs` with the classifier's class probabilities at ``scales``."""
+    :func:`gate_probs` with the classifier's class probabilities at ``scales``.
 
-    def __init__(self, path: str | Path, scales: Sequence[float] = (1.0,)):
-        self.model, state = models.load_checkpoint(path)
+    ``model`` and ``state`` are what :func:`tasks.store.load_model` returns for the classifier."""
+
+    def __init__(self, model: torch.nn.Module, state: dict, scales: Sequence[float] = (1.0,)):
+        self.model = model
         self.object_classes = state["meta"]["object_classes"]
         self.scales = tuple(scales)
+
+    @classmethod
+    def of_run(cls, store: Store, scales: Sequence[float]) -> "ClassifierGate":
+        """The gate of a run directory's own image classifier."""
+        return cls(*store.read_model("classifier"), scales)
 
     def __call__(self, prob: np.ndarray, image: np.ndarray) -> np.ndarray:
         return gate_probs(prob, tr.image_class_probs(self.model, image, scales=self.scales), self.object_classes)
@@ -154,134 +108,146 @@ def labels_from_prob(prob: np.ndarray) -> np.ndarray:
     return prob.argmax(0).astype(np.uint8)
 
 
-def proposal_inputs(feat: ImageFeatures) -> np.ndarray:
-    return proposal_features(feat.sp_features, feat.membership, feat.sp_areas)
-
-
-def load_mil(path: str | Path | None):
-    """The round's superpixel MIL classifier (None when the round has none)."""
-    if not path:
-        return None
-    return torch.load(path, weights_only=False)["model"]
-
-
-def sp_evidence(feat: ImageFeatures, prelim: np.ndarray, allowed: np.ndarray, mil_model, prior_weight: float) -> np.ndarray:
-    """(S, K) per-superpixel evidence of one image: the preliminary result pooled per superpixel,
-    refined by the round's MIL classifier when there is one."""
-    sp_prelim = spx.pool(prelim, feat.superpixels, n=len(feat.sp_areas), channel_axis=0)
-    if mil_model is None:
-        return sp_prelim
-    return mil.evidence(mil_model, feat.sp_features, sp_prelim, allowed, prior_weight)
-
-
 def make_pseudo_label(image: np.ndarray, feat: ImageFeatures, proposal_prob: np.ndarray, prelim: np.ndarray,
-                      classes: ClassSpec, tags: tuple[str, ...], pcfg: dict, seed: int) -> tuple[np.ndarray, dict]:
+                      classes: ClassSpec, tags: tuple[str, ...], cfg: ProposalConfig,
+                      seed: int) -> tuple[np.ndarray, dict]:
     """Steps 5-7 for one image (filtering, fusion, 3-way clustering, seeded segmentation)."""
     object_tags = np.zeros(classes.n, bool)
     for t in tags:
         object_tags[classes.index(t)] = True
     return pseudo_label(
         image, feat.superpixels, feat.membership, proposal_prob, prelim, object_tags,
-        background=classes.background, t1=pcfg["t1"], p1=pcfg["p1"], t2=pcfg["t2"], p2=pcfg["p2"],
-        fusion=pcfg["fusion"], k=pcfg["k"], threshold=pcfg["threshold"], clustering=pcfg["clustering"],
-        clustering_lo=pcfg["clustering_lo"], clustering_hi=pcfg["clustering_hi"],
-        seeding=pcfg["seeding"], min_confidence=pcfg["min_confidence"], beta=pcfg["beta"],
-        downscale=pcfg["downscale"], seed=seed, prior_weight=pcfg["seed_prior_weight"],
-        grabcut_iters=pcfg.get("grabcut_iters", 3))
+        background=classes.background, t1=cfg.t1, p1=cfg.p1, t2=cfg.t2, p2=cfg.p2,
+        fusion=cfg.fusion, k=cfg.k, threshold=cfg.threshold, clustering=cfg.clustering,
+        clustering_lo=cfg.clustering_lo, clustering_hi=cfg.clustering_hi,
+        seeding=cfg.seeding, min_confidence=cfg.min_confidence, beta=cfg.beta,
+        downscale=cfg.downscale, seed=seed, prior_weight=cfg.seed_prior_weight,
+        grabcut_iters=cfg.grabcut_iters)
+
+
+def cam_probs(model: torch.nn.Module, state: dict, image: np.ndarray, allowed: np.ndarray, classes: ClassSpec,
+              cfg: ClassifierConfig) -> np.ndarray:
+    """Step 1, round 0: (K, H, W) probabilities over the allowed classes from the image
+    classifier's class maps (centred or max-normalised, see :func:`cam_mode`)."""
+    obj = state["meta"]["object_classes"]
+    cams = np.zeros((classes.n,) + image.shape[:2], np.float32)
+    centered = cam_mode(cfg.cam_mode, classes.background) == "centered"
+    cams[obj] = tr.class_activation_maps(model, image, scales=tuple(cfg.cam_scales), raw=centered)
+    return cam_to_prob_centered(cams, allowed, cfg.cam_temperature) if centered else \
+        cam_to_prob(cams, allowed, classes.background, cfg.background_threshold)
+
+
+def model_prelim_probs(model: torch.nn.Module, image: np.ndarray, edges: np.ndarray | None, allowed: np.ndarray,
+                       config: WSSSConfig, prior: np.ndarray | None = None) -> np.ndarray:
+    """Step 1, rounds >= 1: the previous round's model's probabilities over the allowed classes,
+    each class max-normalised (``prelim_normalize``) and mixed with round 0's (``prior_weight``)."""
+    prob = restrict(tr.predict_probs(model, image, edges), allowed)
+    if config.prelim_normalize:
+        prob = max_normalize(prob, allowed)
+    w = config.prior_weight
+    if w > 0:
+        prob = restrict((prob + 1e-4) ** (1 - w) * (prior + 1e-4) ** w, allowed)
+    return prob
 
 
 # ---------------------------------------------------------------------------- shard loops
 # The flows wrap each of these in a Prefect task that runs on a Dask worker; they live here,
-# importable by name, so that workers unpickle them by reference.
+# importable by name, so that workers unpickle them by reference. They take handles (a run
+# directory, image ids, checkpoint kinds) and typed configuration sections, and return small
+# results: every array goes to the store.
 
 def _worker_setup() -> None:
     torch.set_num_threads(1)
 
 
-def ingest_shard(run_dir: str, ids: list[str], items: dict[str, dict]) -> dict:
-    """Decode, hash and store the images (and evaluation masks) of one shard."""
+def ingest_shard(run_dir: str, ids: list[str], items: dict[str, dict], n_classes: int | None = None,
+                 alpha_background: str | Sequence[int] = ALPHA_BACKGROUND) -> dict:
+    """Decode, hash and store the images (and evaluation masks) of one shard.
+
+    An image is stored only when it and its mask passed every check (decoding, mask size and
+    values: class indices below ``n_classes`` or 255 = void), so nothing is written for a
+    rejected one. Returns ``records``, ``problems`` (one line each), ``rejected`` (one entry
+    per image: image_id, file, line, problems), ``notes`` (images composited on
+    ``alpha_background``) and ``written`` (ids whose image array this call wrote)."""
     store = Store(run_dir)
-    records, problems = [], []
+    records, problems, rejected, notes, written = [], [], [], [], []
     for iid in ids:
         it = items[iid]
         path = Path(it["image_path"])
+        image = note = mask = None
         try:
             sha = sha256_file(path)
             if store.has_image(iid, sha):
-                shape = tuple(json.loads((store.corpus_dir / "images.zarr" / iid / "zarr.json").read_text())["shape"])
+                shape = store.image_shape(iid)
             else:
-                image = load_image(path)
+                image, note = decode_image(path, alpha_background)
                 shape = image.shape
-                store.put_image(iid, image, sha)
-            has_mask = False
             if it["mask_path"]:
-                store.put_mask(iid, load_mask(Path(it["mask_path"]), shape[:2]))
-                has_mask = True
+                mask = load_mask(Path(it["mask_path"]), tuple(shape[:2]), n_classes)
         except (ValueError, OSError) as e:
             problems.append(str(e))
+            rejected.append(dict(image_id=iid, file=str(path), line=it.get("line"), problems=[str(e)]))
             continue
+        if image is not None:
+            store.put_image(iid, image, sha)
+            written.append(iid)
+        if mask is not None:
+            store.put_mask(iid, mask)
+        if note:
+            notes.append(note)
         records.append(dict(image_id=iid, height=int(shape[0]), width=int(shape[1]), tags=list(it["tags"]),
-                            sha256=sha, split=it["split"], source=str(path), has_mask=has_mask))
-    return {"records": records, "problems": problems}
+                            sha256=sha, split=it["split"], source=str(path), has_mask=mask is not None))
+    return {"records": records, "problems": problems, "rejected": rejected, "notes": notes, "written": written}
 
 
-def features_shard(run_dir: str, ids: list[str], fcfg: dict, key: str) -> dict:
+def features_shard(run_dir: str, ids: list[str], cfg: FeatureConfig, key: str) -> dict:
     _worker_setup()
     store = Store(run_dir)
     recs = records_by_id(store.manifest(), ids)
     t0 = time.perf_counter()
-    computed = sum(compute_features(store, rec, fcfg, key) for rec in recs)
+    computed = sum(compute_features(store, rec, cfg, key) for rec in recs)
     return {"images": len(ids), "computed": int(computed), "seconds": time.perf_counter() - t0}
 
 
-def preliminary_shard(run_dir: str, ids: list[str], round_index: int, model_path: str, kind: str,
-                      key: str, cfg: dict) -> dict:
-    """Step 1: preliminary result of each image (round 0: CAMs; later: model r-1), restricted
-    to the image's tags. Round 0 also stores the CAM labels (the baseline row)."""
+def preliminary_shard(run_dir: str, ids: list[str], round_index: int, key: str, config: WSSSConfig) -> dict:
+    """Step 1: preliminary result of each image (round 0: the image classifier's CAMs; later:
+    round r-1's model), restricted to the image's tags. Round 0 also stores the CAM labels (the
+    baseline row)."""
     _worker_setup()
     store = Store(run_dir)
-    if store.shard_done(round_index, "prelim", ids[0]):
+    r = round_index
+    if store.shard_done(r, "prelim", ids[0]):
         return {"images": len(ids), "skipped": True}
     classes = store.classes()
-    model, state = models.load_checkpoint(model_path)
+    model, state = store.read_model("classifier") if r == 0 else store.read_model("segmenter", r - 1)
     for rec in records_by_id(store.manifest(), ids):
         image = store.image(rec.image_id)
         allowed = classes.tag_vector(rec.tags)
-        if kind == "cam":
-            ccfg = cfg["classifier"]
-            obj = state["meta"]["object_classes"]
-            cams = np.zeros((classes.n,) + image.shape[:2], np.float32)
-            centered = cam_mode(ccfg["cam_mode"], classes.background) == "centered"
-            cams[obj] = tr.class_activation_maps(model, image, scales=tuple(ccfg["cam_scales"]), raw=centered)
-            prob = cam_to_prob_centered(cams, allowed, ccfg["cam_temperature"]) if centered else \
-                cam_to_prob(cams, allowed, classes.background, ccfg["background_threshold"])
-            store.write_pseudo(round_index, rec.image_id, labels_from_prob(prob), name="cam")
+        if r == 0:
+            prob = cam_probs(model, state, image, allowed, classes, config.classifier)
+            store.write_pseudo(r, rec.image_id, labels_from_prob(prob), name="cam")
         else:
             edges = load_edges(store, rec, key) if state["in_channels"] == 4 else None
-            prob = restrict(tr.predict_probs(model, image, edges), allowed)
-            if cfg.get("prelim_normalize", False):
-                prob = max_normalize(prob, allowed)
-            w = cfg.get("prior_weight", 0.0)
-            if w > 0:
-                prior = store.prelim(0, rec.image_id, classes.n)
-                prob = restrict((prob + 1e-4) ** (1 - w) * (prior + 1e-4) ** w, allowed)
+            prior = store.prelim(0, rec.image_id, classes.n) if config.prior_weight > 0 else None
+            prob = model_prelim_probs(model, image, edges, allowed, config, prior)
         idx = np.flatnonzero(allowed)
-        store.write_prelim(round_index, rec.image_id, prob[idx], idx)
-    store.mark_shard_done(round_index, "prelim", ids[0], {"images": len(ids)})
+        store.write_prelim(r, rec.image_id, prob[idx], idx)
+    store.mark_shard_done(r, "prelim", ids[0], {"images": len(ids)})
     return {"images": len(ids), "skipped": False}
 
 
-def pseudo_shard(run_dir: str, ids: list[str], round_index: int, clf_path: str, key: str, pcfg: dict,
-                 seed: int, mil_path: str | None = None, mil_weight: float = 0.0) -> dict:
-    """Steps 5-7 for one shard: proposal probabilities, filtering, fusion, seeded segmentation."""
+def pseudo_shard(run_dir: str, ids: list[str], round_index: int, key: str, cfg: ProposalConfig, seed: int,
+                 mil_weight: float = 0.0) -> dict:
+    """Steps 5-7 for one shard: proposal probabilities, filtering, fusion, seeded segmentation,
+    with the round's proposal classifier and (when the round has one) its MIL classifier."""
     _worker_setup()
     store = Store(run_dir)
     done = store.shard_done(round_index, "pseudo", ids[0])
     if done:
         return done
     classes = store.classes()
-    clf = torch.load(clf_path, weights_only=False)["model"]
-    mil_model = load_mil(mil_path)
+    clf = store.read_classifier("proposal_classifier", round_index)["model"]
+    mil_model = round_mil_model(store, round_index)
     stats = []
     for rec in records_by_id(store.manifest(), ids):
         image = store.image(rec.image_id)
@@ -293,13 +259,13 @@ def pseudo_shard(run_dir: str, ids: list[str], round_index: int, clf_path: str, 
         if mil_model is not None:
             sp_prelim = sp_evidence(f, prelim, allowed, mil_model, mil_weight)
             prelim = spx.paint(sp_prelim, f.superpixels)
-        if pcfg["evidence"] == "combined":
+        if cfg.evidence == "combined":
             if sp_prelim is None:
                 sp_prelim = spx.pool(prelim, f.superpixels, n=len(f.sp_areas), channel_axis=0)
             mixed = combine_evidence(sp_prelim, superpixel_scores(prob, f.membership), allowed,
-                                     weight=pcfg["evidence_weight"])
+                                     weight=cfg.evidence_weight)
             prelim = spx.paint(mixed, f.superpixels)
-        label, info = make_pseudo_label(image, f, prob, prelim, classes, rec.tags, pcfg, seed)
+        label, info = make_pseudo_label(image, f, prob, prelim, classes, rec.tags, cfg, seed)
         store.write_pseudo(round_index, rec.image_id, label)
         previous = store.pseudo(round_index - 1, rec.image_id) if round_index > 0 else \
             store.pseudo(0, rec.image_id, name="cam")
@@ -311,25 +277,25 @@ def pseudo_shard(run_dir: str, ids: list[str], round_index: int, clf_path: str, 
     return result
 
 
-def evaluate_shard(run_dir: str, ids: list[str], sources: list[list], model_path: str | None = None,
-                   key: str | None = None, classifier_path: str | None = None,
-                   gate_scales: Sequence[float] = (1.0,)) -> dict:
+def evaluate_shard(run_dir: str, ids: list[str], sources: list[list], model: dict | None = None,
+                   key: str | None = None, gate_scales: Sequence[float] | None = None) -> dict:
     """Confusion matrices of label sources against the masks (the only place masks are read).
 
     ``sources``: [round, name] pairs of stored label maps, or ["model", split] to predict with
-    ``model_path`` first. With ``classifier_path`` the model's output is gated by the image
-    classifier (:func:`gate_probs`, the classifier at ``gate_scales``) and the ungated output is
-    measured too, as "model_ungated:<split>".
+    the checkpoint ``model`` first (keywords of :meth:`Store.read_model`: ``kind``, ``r``,
+    ``name``). With ``gate_scales`` the model's output is gated by the run's image classifier
+    (:func:`gate_probs`, the classifier at those scales) and the ungated output is measured too,
+    as "model_ungated:<split>".
     """
     _worker_setup()
     store = Store(run_dir)
     n = store.classes().n
     accs = {f"{a}:{b}": ConfusionAccumulator(n) for a, b in sources}
-    model = gate = None
-    if model_path:
-        model, state = models.load_checkpoint(model_path)
-    if model_path and classifier_path:
-        gate = ClassifierGate(classifier_path, gate_scales)
+    net = gate = None
+    if model:
+        net, state = store.read_model(**model)
+    if model and gate_scales is not None:
+        gate = ClassifierGate.of_run(store, gate_scales)
         accs.update({f"model_ungated:{b}": ConfusionAccumulator(n) for a, b in sources if a == "model"})
     for rec in records_by_id(store.manifest(), ids):
         gt = store.mask(rec.image_id)
@@ -339,7 +305,7 @@ def evaluate_shard(run_dir: str, ids: list[str], sources: list[list], model_path
             if a == "model":
                 image = store.image(rec.image_id)
                 edges = load_edges(store, rec, key) if state["in_channels"] == 4 else None
-                prob = tr.predict_probs(model, image, edges)
+                prob = tr.predict_probs(net, image, edges)
                 if gate is not None:
                     accs[f"model_ungated:{b}"].update(prob.argmax(0).astype(np.uint8), gt)
                     prob = gate(prob, image)

@@ -15,6 +15,12 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from tasks import superpixels as spx
+from tasks.config import ProposalConfig
+from tasks.feature_cache import ImageFeatures, load_features, proposal_inputs
+from tasks.progress import Progress
+from tasks.store import ImageRecord, Store
+
 
 class ProposalMLP(nn.Module):
     """Standardised features -> two hidden layers -> class logits; ``hidden=0``: one linear
@@ -26,6 +32,7 @@ class ProposalMLP(nn.Module):
         self.register_buffer("std", torch.ones(in_features))
         if hidden < 0:
             raise ValueError(f"hidden must be >= 0 (0 = linear), got {hidden}")
+        self.num_classes, self.hidden = num_classes, hidden
         self.net = nn.Linear(in_features, num_classes) if hidden == 0 else nn.Sequential(
             nn.Linear(in_features, hidden), nn.ReLU(inplace=True), nn.Dropout(0.2),
             nn.Linear(hidden, hidden), nn.ReLU(inplace=True), nn.Dropout(0.2),
@@ -154,3 +161,67 @@ def combine_evidence(sp_prelim: np.ndarray, sp_clf: np.ndarray, allowed: np.ndar
     c = (np.maximum(sp_prelim, 0) + eps) ** weight * (np.maximum(sp_clf, 0) + eps) ** (1.0 - weight)
     c = np.where(allowed[None, :], c, 0.0)
     return (c / np.maximum(c.sum(1, keepdims=True), 1e-12)).astype(np.float32)
+
+
+def evidence(model: ProposalMLP | None, features: np.ndarray, prelim: np.ndarray, allowed: np.ndarray,
+             prior_weight: float) -> np.ndarray:
+    """(S, K) refined evidence of one image: the normalised geometric mixture
+    ``prediction ** (1 - w) * prelim ** w`` over the allowed classes (the preliminary result itself,
+    renormalised, without a model)."""
+    if model is None or len(features) == 0:
+        return combine_evidence(prelim, prelim, allowed, weight=1.0)
+    return combine_evidence(prelim, predict_proposals(model, features, allowed), allowed, weight=prior_weight)
+
+
+def sp_evidence(feat: ImageFeatures, prelim: np.ndarray, allowed: np.ndarray, mil_model: ProposalMLP | None,
+                prior_weight: float) -> np.ndarray:
+    """(S, K) per-superpixel evidence of one image: the preliminary result pooled per superpixel,
+    refined by the round's MIL classifier (:func:`evidence`) when there is one."""
+    sp_prelim = spx.pool(prelim, feat.superpixels, n=len(feat.sp_areas), channel_axis=0)
+    if mil_model is None:
+        return sp_prelim
+    return evidence(mil_model, feat.sp_features, sp_prelim, allowed, prior_weight)
+
+
+def round_mil_model(store: Store, r: int) -> ProposalMLP | None:
+    """Round ``r``'s superpixel MIL classifier, or None when the round has none (MIL off)."""
+    return store.read_classifier("mil", r)["model"] if store.has_checkpoint("mil", r) else None
+
+
+def train_round(store: Store, r: int, records: list[ImageRecord], feature_key: str, cfg: ProposalConfig, *,
+                mil_prior_weight: float, seed: int) -> None:
+    """METHOD.md A step 3: round ``r``'s proposal classifier, trained on the whole corpus and
+    saved as the round's ``proposal_classifier`` checkpoint. Its targets come from the
+    preliminary result, refined by the round's MIL classifier when there is one
+    (``mil_prior_weight``: the preliminary result's weight in that mixture)."""
+    if store.usable_checkpoint("proposal_classifier", r):
+        return
+    classes = store.classes()
+    mil_model = round_mil_model(store, r)
+    feats, targets, tags, sp_probs, feat_objs = [], [], [], [], []
+    prog = Progress("proposal-classifier", len(records))
+    for i, rec in enumerate(records):
+        f = load_features(store, rec, feature_key)
+        allowed = classes.tag_vector(rec.tags)
+        sp_prob = sp_evidence(f, store.prelim(r, rec.image_id, classes.n), allowed, mil_model, mil_prior_weight)
+        feats.append(proposal_inputs(f))
+        targets.append(proposal_targets(f.membership, sp_prob, f.sp_areas, allowed, sharpen=cfg.target_sharpen))
+        tags.append(allowed)
+        sp_probs.append(sp_prob)
+        feat_objs.append(f)
+        if (i + 1) % max(1, len(records) // 4) == 0:
+            prog.advance(max(1, len(records) // 4), "features gathered")
+    model, losses = train_proposal_classifier(feats, targets, tags, hidden=cfg.hidden, epochs=cfg.epochs, lr=cfg.lr,
+                                              seed=seed + r, negatives=cfg.negatives)
+    for it in range(cfg.mil_iterations):
+        # multiple-instance refinement: targets from the mixture of the preliminary result and
+        # the classifier's own multi-scale superpixel scores, then retrain
+        targets = []
+        for x, allowed, sp_prob, f in zip(feats, tags, sp_probs, feat_objs):
+            sp_clf = superpixel_scores(predict_proposals(model, x, allowed), f.membership)
+            mixed = combine_evidence(sp_prob, sp_clf, allowed, weight=cfg.evidence_weight)
+            targets.append(proposal_targets(f.membership, mixed, f.sp_areas, allowed, sharpen=cfg.target_sharpen))
+        model, losses = train_proposal_classifier(feats, targets, tags, hidden=cfg.hidden, epochs=cfg.epochs,
+                                                  lr=cfg.lr, seed=seed + r + 1000 * (it + 1), negatives=cfg.negatives)
+    prog.message(f"trained on {sum(len(f) for f in feats)} proposals, loss {losses[0]:.3f} -> {losses[-1]:.3f}")
+    store.write_classifier("proposal_classifier", r, model, losses=[float(v) for v in losses])

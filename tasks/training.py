@@ -15,12 +15,11 @@ autocast and tensors are channels_last (on CPU, contiguous is faster).
 """
 from __future__ import annotations
 
+import dataclasses
 import math
-import os
 import random
 import time
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Callable, Sequence
 
 import cv2
@@ -243,6 +242,15 @@ class TrainConfig:
     patience: int = 4
     min_delta: float = 0.01
     class_weights: Sequence[float] | None = None
+    #: stop after this many optimiser steps in all (None: ``epochs`` full epochs); the schedule
+    #: then spans these steps
+    max_steps: int | None = None
+    #: learning-rate schedule: ``one_cycle`` (OneCycleLR, 15 % warm-up) or ``warmup_cosine``
+    #: (linear warm-up over 5 % of the steps, then cosine decay to 0; method C's)
+    schedule: str = "one_cycle"
+    #: a batch whose targets are all ignore (255) is skipped (no step; its loss is NaN) instead of
+    #: stepping on a zero loss
+    skip_unlabelled: bool = False
 
 
 @dataclass
@@ -254,6 +262,8 @@ class TrainResult:
     images_per_second: float = 0.0
     data_wait_share: float = 0.0
     resumed_from: int = 0
+    #: every step's loss (NaN for a skipped batch), of this call's steps
+    losses: list[float] = field(default_factory=list)
 
 
 class EpochBatchSampler(torch.utils.data.Sampler):
@@ -280,6 +290,18 @@ class EpochBatchSampler(torch.utils.data.Sampler):
                 yield [(e, i) for i in order[k * b:(k + 1) * b]]
 
 
+class BatchSource:
+    """Batches made by the caller instead of a :class:`StoreDataset` (e.g. method C's patches).
+
+    Subclasses give ``steps_per_epoch`` and ``batches(start_epoch, epochs)``, an iterator of
+    ``(x, y)`` for those epochs (``x`` a tensor or a dict of keyword inputs)."""
+
+    steps_per_epoch: int = 1
+
+    def batches(self, start_epoch: int, epochs: int):
+        raise NotImplementedError
+
+
 def _loader(ds: StoreDataset, cfg: TrainConfig, device: torch.device, start_epoch: int = 0) -> DataLoader:
     """One loader for epochs ``start_epoch .. cfg.epochs - 1`` (see :class:`EpochBatchSampler`)."""
     workers = cfg.num_workers
@@ -289,11 +311,14 @@ def _loader(ds: StoreDataset, cfg: TrainConfig, device: torch.device, start_epoc
 
 
 def _to_device(x, device: torch.device, fmt: torch.memory_format):
-    """A batch tensor, or a dict of them (keyword inputs), on ``device``; 4-D tensors in ``fmt``."""
+    """A batch tensor, or a dict of them (keyword inputs), on ``device``; 4-D tensors in ``fmt`` when
+    that is channels_last (CUDA). On CPU a batch keeps its strides: the loader's batches are
+    contiguous already, and method C's patches (:func:`models.global_local.normalize`, channels-last
+    strides) train as they always did."""
     if isinstance(x, dict):
         return {k: _to_device(v, device, fmt) for k, v in x.items()}
     x = x.to(device, non_blocking=True)
-    return x.to(memory_format=fmt) if x.ndim == 4 else x
+    return x.to(memory_format=fmt) if x.ndim == 4 and fmt == torch.channels_last else x
 
 
 def batch_size_of(x) -> int:
@@ -302,15 +327,19 @@ def batch_size_of(x) -> int:
 
 
 def train_step(model: nn.Module, opt: torch.optim.Optimizer, sched, loss_fn: Callable, x: torch.Tensor | dict,
-               y: torch.Tensor, *, device: torch.device, fmt: torch.memory_format, amp: bool) -> torch.Tensor:
+               y: torch.Tensor, *, device: torch.device, fmt: torch.memory_format, amp: bool,
+               forward: Callable | None = None) -> torch.Tensor:
     """One optimiser step on a batch (bf16 autocast when ``amp``); returns the detached loss.
     ``x`` is the network's input, or a dict of keyword inputs (``model(**x)``, e.g. a
-    :class:`ContextDataset` batch). The schedule stops stepping at its last step, so resumed
-    or extended loops stay valid."""
+    :class:`ContextDataset` batch); ``forward(model, x)``, when given, calls the network instead.
+    The schedule stops stepping at its last step, so resumed or extended loops stay valid."""
     x = _to_device(x, device, fmt)
     y = y.to(device, non_blocking=True)
     with torch.autocast(device_type=device.type, dtype=torch.bfloat16, enabled=amp):
-        out = model(**x) if isinstance(x, dict) else model(x)
+        if forward is not None:
+            out = forward(model, x)
+        else:
+            out = model(**x) if isinstance(x, dict) else model(x)
         loss = loss_fn(out.float(), y)
     opt.zero_grad(set_to_none=True)
     loss.backward()
@@ -320,13 +349,40 @@ def train_step(model: nn.Module, opt: torch.optim.Optimizer, sched, loss_fn: Cal
     return loss.detach()
 
 
-def fit(model: nn.Module, ds: StoreDataset, loss_fn: Callable, cfg: TrainConfig, *,
-        checkpoint: Path | None = None, log: Callable[[dict, int], None] | None = None,
-        progress: Callable[[str], None] | None = None) -> TrainResult:
-    """Generic epoch loop used by both trainers: seeded, resumable, budgeted, plateau-aware.
+def _schedule(opt: torch.optim.Optimizer, cfg: TrainConfig, steps: int):
+    """The learning-rate schedule over ``steps`` optimiser steps (``total_steps`` = steps + 1)."""
+    if cfg.schedule == "one_cycle":
+        return torch.optim.lr_scheduler.OneCycleLR(opt, max_lr=cfg.lr, total_steps=steps + 1, pct_start=0.15)
+    if cfg.schedule == "warmup_cosine":
+        warm = max(1, steps // 20)
+        sched = torch.optim.lr_scheduler.LambdaLR(
+            opt, lambda s: (s + 1) / warm if s < warm else 0.5 * (1 + np.cos(np.pi * (s - warm) / max(1, steps - warm))))
+        sched.total_steps = steps + 1
+        return sched
+    raise ValueError(f"unknown schedule {cfg.schedule!r}; one of: one_cycle, warmup_cosine")
 
-    The checkpoint (model, optimiser, scheduler, epoch, history) is written atomically after
-    every epoch; when it exists, training resumes from the epoch after the saved one.
+
+def fit(model: nn.Module, ds: StoreDataset | BatchSource, loss_fn: Callable, cfg: TrainConfig, *,
+        checkpoint=None, log: Callable[[dict, int], None] | None = None,
+        progress: Callable[[str], None] | None = None, on_step: Callable[[dict], None] | None = None,
+        forward: Callable | None = None) -> TrainResult:
+    """The one training loop of every network: seeded, resumable, budgeted, plateau-aware.
+
+    Parameters
+    ----------
+    ds : StoreDataset or BatchSource
+        A dataset (batches through DataLoader workers, :class:`EpochBatchSampler`), or a
+        :class:`BatchSource` that makes its own batches (method C's patches).
+    checkpoint : tasks.store.StateFile, optional
+        Model, optimiser, scheduler, epoch and history, saved (atomically) after every epoch;
+        when it holds a state, training resumes from the epoch after the saved one.
+    log, progress : callable, optional
+        Per epoch: ``log(metrics, epoch)``, ``progress(line)``.
+    on_step : callable(dict), optional
+        After every step: ``{"step", "epoch", "loss" (float, NaN when skipped), "lr", "wait",
+        "busy", "images", "seconds", "batches" (the batch iterator)}``.
+    forward : callable(model, x), optional
+        How the network is called on a batch (default ``model(x)`` / ``model(**x)``).
     """
     seed_everything(cfg.seed)
     device = pick_device(cfg.device)
@@ -334,13 +390,15 @@ def fit(model: nn.Module, ds: StoreDataset, loss_fn: Callable, cfg: TrainConfig,
     fmt = torch.channels_last if device.type == "cuda" else torch.contiguous_format
     model = model.to(device).to(memory_format=fmt)
     opt = torch.optim.AdamW(model.parameters(), lr=cfg.lr, weight_decay=cfg.weight_decay)
-    steps_per_epoch = max(1, len(ds) // cfg.batch_size)
-    sched = torch.optim.lr_scheduler.OneCycleLR(opt, max_lr=cfg.lr, total_steps=cfg.epochs * steps_per_epoch + 1,
-                                                pct_start=0.15)
+    source = ds if isinstance(ds, BatchSource) else None
+    steps_per_epoch = source.steps_per_epoch if source is not None else max(1, len(ds) // cfg.batch_size)
+    epochs = cfg.epochs if cfg.max_steps is None else min(cfg.epochs, -(-cfg.max_steps // steps_per_epoch))
+    total = epochs * steps_per_epoch if cfg.max_steps is None else min(cfg.max_steps, epochs * steps_per_epoch)
+    sched = _schedule(opt, cfg, total)
     history: list[dict] = []
     start_epoch = 0
-    if checkpoint is not None and checkpoint.exists():
-        state = torch.load(checkpoint, map_location=device, weights_only=False)
+    state = checkpoint.load(device) if checkpoint is not None else None
+    if state is not None:
         if state.get("epochs") == cfg.epochs and state.get("epoch", -1) + 1 <= cfg.epochs:
             model.load_state_dict(state["model"])
             opt.load_state_dict(state["optimizer"])
@@ -357,27 +415,44 @@ def fit(model: nn.Module, ds: StoreDataset, loss_fn: Callable, cfg: TrainConfig,
     n_images = 0
     wait = 0.0
     busy = 0.0
+    losses: list[float] = []
+    step = start_epoch * steps_per_epoch
     epoch = start_epoch - 1  # a finished training resumed: no epoch runs, epochs_run = start_epoch
-    batches = iter(_loader(ds, cfg, device, start_epoch)) if start_epoch < cfg.epochs else None
-    for epoch in range(start_epoch, cfg.epochs):
+    batches = None
+    if start_epoch < epochs:
+        batches = iter(source.batches(start_epoch, epochs) if source is not None
+                       else _loader(ds, dataclasses.replace(cfg, epochs=epochs), device, start_epoch))
+    for epoch in range(start_epoch, epochs):
         seed_everything(_epoch_seed(cfg.seed, epoch))
-        ds.epoch = epoch
+        if source is None:
+            ds.epoch = epoch
         model.train()
-        total, count = 0.0, 0
+        total_loss, count = 0.0, 0
         t_epoch = time.perf_counter()
         t_ready = time.perf_counter()
-        for _ in range(steps_per_epoch):
+        for _ in range(min(steps_per_epoch, total - step)):
+            t_waited = t_ready
             x, y = next(batches)
             t_got = time.perf_counter()
             wait += t_got - t_ready
-            loss = train_step(model, opt, sched, loss_fn, x, y, device=device, fmt=fmt, amp=amp)
             n = batch_size_of(x)
-            total += float(loss) * n
-            count += n
+            if cfg.skip_unlabelled and (y != IGNORE).sum() == 0:
+                value = float("nan")
+            else:
+                value = float(train_step(model, opt, sched, loss_fn, x, y, device=device, fmt=fmt, amp=amp,
+                                         forward=forward))
+                total_loss += value * n
+                count += n
             n_images += n
+            losses.append(value)
+            step += 1
             t_ready = time.perf_counter()
             busy += t_ready - t_got
-        mean_loss = total / max(count, 1)
+            if on_step is not None:
+                on_step({"step": step, "epoch": epoch, "loss": value, "lr": opt.param_groups[0]["lr"],
+                         "wait": t_got - t_waited, "busy": t_ready - t_got, "images": n,
+                         "seconds": t_ready - t_start, "batches": batches})
+        mean_loss = total_loss / max(count, 1)
         rec = {"epoch": epoch, "loss": mean_loss, "lr": opt.param_groups[0]["lr"],
                "seconds": time.perf_counter() - t_epoch}
         history.append(rec)
@@ -395,9 +470,9 @@ def fit(model: nn.Module, ds: StoreDataset, loss_fn: Callable, cfg: TrainConfig,
         elif cfg.max_seconds is not None and time.perf_counter() - t_start > cfg.max_seconds:
             stop = "time budget"
         if checkpoint is not None:
-            _save_checkpoint(checkpoint, {"model": model.state_dict(), "optimizer": opt.state_dict(),
-                                          "scheduler": sched.state_dict(), "epoch": epoch,
-                                          "epochs": cfg.epochs, "history": history, "stopped": stop})
+            checkpoint.save({"model": model.state_dict(), "optimizer": opt.state_dict(),
+                             "scheduler": sched.state_dict(), "epoch": epoch,
+                             "epochs": cfg.epochs, "history": history, "stopped": stop})
         if stop:
             stopped = stop
             break
@@ -405,14 +480,8 @@ def fit(model: nn.Module, ds: StoreDataset, loss_fn: Callable, cfg: TrainConfig,
     elapsed = wait + busy
     return TrainResult(epochs_run=epoch + 1, stopped=stopped, history=history, device=device.type,
                        images_per_second=n_images / busy if busy else 0.0,
-                       data_wait_share=wait / elapsed if elapsed else 0.0, resumed_from=start_epoch)
-
-
-def _save_checkpoint(path: Path, state: dict) -> None:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f".{path.name}.tmp")
-    torch.save(state, tmp)
-    os.replace(tmp, path)
+                       data_wait_share=wait / elapsed if elapsed else 0.0, resumed_from=start_epoch,
+                       losses=losses)
 
 
 def segmentation_loss(class_weights: Sequence[float] | None = None) -> Callable:

@@ -1,4 +1,5 @@
-"""flows.bench_quality: the CRF-on-tags helper with a known answer, and a tiny end-to-end bench."""
+"""wsseg bench quality (flows.bench_quality and its tasks): the pure helpers, and a tiny end-to-end
+bench (the CRF-on-tags helper of its cam_crf baseline is tested in test_crf.py)."""
 import argparse
 import json
 from pathlib import Path
@@ -7,9 +8,11 @@ import numpy as np
 import pytest
 import torch
 
-import flows.bench_quality as bq
 from conftest import copy_sample
-from tasks.store import Store
+from tasks.ablation import ablation_variants, apply_overrides, check_overrides
+from tasks.quality import budget_epochs, parse_model_spec
+from tasks.report import pick_overlay_records
+from tasks.store import Store, load_model, read_file
 
 torch.set_num_threads(1)
 
@@ -17,65 +20,23 @@ TRAIN = ["1_10_s", "5_26_s", "1_29_s", "9_17_s", "2_18_s", "12_6_s"]
 VAL = ["1_11_s", "9_19_s"]
 
 
-def _halves(h=40, w=60):
-    """Left half dark red, right half light blue; truth: class 1 left, class 3 right."""
-    image = np.zeros((h, w, 3), np.uint8)
-    image[:, : w // 2] = (150, 30, 30)
-    image[:, w // 2:] = (40, 140, 220)
-    truth = np.full((h, w), 3, np.uint8)
-    truth[:, : w // 2] = 1
-    return image, truth
-
-
-@pytest.mark.parametrize("backend", ["pydensecrf", "approx"])
-def test_crf_labels_uses_only_tagged_classes_and_cleans_noise(backend):
-    image, truth = _halves()
-    rng = np.random.default_rng(0)
-    k = 5
-    prob = rng.uniform(0.0, 1.0, (k,) + truth.shape).astype(np.float32)
-    # the two tagged classes lean weakly towards the truth, untagged ones are strong noise
-    prob[1] += 0.35 * (truth == 1)
-    prob[3] += 0.35 * (truth == 3)
-    prob[[0, 2, 4]] *= 2.0
-    allowed = np.array([False, True, False, True, False])
-    before = allowed.nonzero()[0][prob[allowed].argmax(0)]
-    label = bq.crf_labels(image, prob, allowed, backend=backend)
-    assert label.dtype == np.uint8 and label.shape == truth.shape
-    assert set(np.unique(label)) <= {1, 3}
-    acc_before, acc_after = np.mean(before == truth), np.mean(label == truth)
-    assert acc_before < 0.85
-    assert acc_after > 0.97 and acc_after > acc_before
-
-
-def test_crf_labels_validates_and_handles_one_tag():
-    image, truth = _halves(8, 8)
-    prob = np.ones((3, 8, 8), np.float32)
-    assert (bq.crf_labels(image, prob, np.array([False, False, True])) == 2).all()
-    with pytest.raises(ValueError, match="no True"):
-        bq.crf_labels(image, prob, np.zeros(3, bool))
-    with pytest.raises(ValueError, match="allowed must be"):
-        bq.crf_labels(image, prob, np.ones(4, bool))
-    with pytest.raises(ValueError, match="prob must be"):
-        bq.crf_labels(image, prob[:, :4], np.ones(3, bool))
-
-
 def test_pick_overlay_records_is_deterministic_and_prefers_multi_tag():
     from tasks.store import ImageRecord
 
     recs = [ImageRecord(f"im{i:02d}", 4, 4, tuple("abc"[: 1 + i % 3]), "0", "train", "", True) for i in range(20)]
-    picks = bq.pick_overlay_records(list(reversed(recs)), n=6)
-    assert [r.image_id for r in picks] == [r.image_id for r in bq.pick_overlay_records(recs, n=6)]
+    picks = pick_overlay_records(list(reversed(recs)), n=6)
+    assert [r.image_id for r in picks] == [r.image_id for r in pick_overlay_records(recs, n=6)]
     assert len(picks) == 6 and all(len(r.tags) >= 2 for r in picks)
 
 
 def test_ablation_variants_flag_what_the_config_cannot_express():
-    from flows.config import WSSSConfig
+    from tasks.config import WSSSConfig
 
-    v = bq.ablation_variants(WSSSConfig())
+    v = ablation_variants(WSSSConfig())
     # IoU filtering is off by default, so its variant switches it on; with it on, the variant switches it off
     assert v["iou_filter"]["overrides"] == {"proposals.t1": 0.3, "proposals.p1": 0.5} and "no_iou_filter" not in v
-    on = bq.apply_overrides(WSSSConfig(), v["iou_filter"]["overrides"])
-    assert bq.ablation_variants(on)["no_iou_filter"]["overrides"] == {"proposals.t1": 0.0, "proposals.p1": 0.0}
+    on = apply_overrides(WSSSConfig(), v["iou_filter"]["overrides"])
+    assert ablation_variants(on)["no_iou_filter"]["overrides"] == {"proposals.t1": 0.0, "proposals.p1": 0.0}
     assert v["no_mil_claim"]["overrides"] == {"mil.min_share": 0.0}
     # the MIL and the proposal classifier both train against untagged classes by default
     assert v["mil_negatives_off"]["overrides"] == {"mil.negatives": "off"} and "mil_negatives_first_round" not in v
@@ -84,20 +45,20 @@ def test_ablation_variants_flag_what_the_config_cannot_express():
     assert "seeding_grabcut" not in v and {"seeding_random_walker", "seeding_none"} <= set(v)
     assert {"no_edges", "superpixel_skimage_slic", "superpixel_felzenszwalb", "fusion_topk", "no_mil",
             "no_seed_prior", "no_prelim_normalize", "no_class_balance"} <= set(v)
-    assert "no_round_prior" in bq.ablation_variants(WSSSConfig(prior_weight=0.5))
+    assert "no_round_prior" in ablation_variants(WSSSConfig(prior_weight=0.5))
     assert v["no_mil"]["overrides"] == {"mil.iterations": 0}
     for name, var in v.items():
         if "skip" not in var:  # every runnable variant is a valid config differing from the default
-            assert bq.apply_overrides(WSSSConfig(), var["overrides"]) != WSSSConfig(), name
+            assert apply_overrides(WSSSConfig(), var["overrides"]) != WSSSConfig(), name
 
 
 def _parse(argv):
-    from flows.cli import _register_optional
+    from flows.cli import _add_bench_quality_parser
 
     ap = argparse.ArgumentParser(prog="wsseg")
     sub = ap.add_subparsers(dest="command")
     bench = sub.add_parser("bench").add_subparsers(dest="bench")
-    _register_optional(sub, bench)
+    _add_bench_quality_parser(bench)
     return ap.parse_args(argv)
 
 
@@ -115,7 +76,9 @@ def test_bench_quality_end_to_end(tmp_path, prefect_harness, capsys):
                    "--set", "segmentation.num_workers=0", "--set", "proposals.epochs=3",
                    "--set", "classifier.cam_scales=[1.0]", "--set", "shard_size=4", "--rounds", "1",
                    "--compare-models", 'small={"width": 4}', "--compare-seconds", "2", "--model-seeds", "2"])
-    assert args.run_dir == str(run) and args.func is bq.main
+    from flows.cli import cmd_bench_quality
+
+    assert args.run_dir == str(run) and args.func is cmd_bench_quality
     assert args.func(args) == 0
 
     res = json.loads(out.read_text())
@@ -137,18 +100,17 @@ def test_bench_quality_end_to_end(tmp_path, prefect_harness, capsys):
         assert set(res["per_class_iou"][k]) == set(Store(run).classes().names)
     assert res["wall_seconds"] > 0 and res["config"]["max_rounds"] == 1 and res["supervised_epochs"] == 1
     # the supervised reference is trained like the final model (same start, epochs and seed): only the labels differ
-    import models
-    fin, ref = (models.load_checkpoint(p)[1]["meta"] for p in (res["final_model"], res["supervised_model"]))
+    fin, ref = (load_model(p)[1]["meta"] for p in (res["final_model"], res["supervised_model"]))
     assert fin["start"] == ref["start"] == "the image classifier's encoder"
     assert fin["epochs_run"] == ref["epochs_run"] and fin["round"] == ref["round"] == res["final_round"]
     # --model-seeds 2: a second pair under seed 1, same recipe; seed 0's pair is the one above
     ms = res["model_seeds"]
     assert [r["seed"] for r in ms["seeds"]] == [0, 1]
     assert ms["seeds"][0]["wsss"] == res["wsss_model_miou"] and ms["seeds"][0]["supervised"] == sup
-    again = {w: models.load_checkpoint(run / "seeds" / "seed001" / f"{w}.pt") for w in ("wsss", "supervised")}
+    again = {w: Store(run).read_model("extra", name=f"seed001-{w}") for w in ("wsss", "supervised")}
     for w, (net, ck) in again.items():
         assert ck["meta"]["start"] == fin["start"] and ck["meta"]["epochs_run"] == fin["epochs_run"]
-    first = models.load_checkpoint(res["final_model"])[0]
+    first = load_model(res["final_model"])[0]
     assert any(not torch.equal(a, b) for a, b in zip(first.state_dict().values(),
                                                      again["wsss"][0].state_dict().values()))
     ratios = [r["ratio"] for r in ms["seeds"] if r["ratio"] is not None]
@@ -178,16 +140,16 @@ def test_bench_quality_end_to_end(tmp_path, prefect_harness, capsys):
     a = res["ablations"]["fusion_topk"]
     assert "error" not in a and 0.0 <= a["pseudo_label_miou"] <= 1.0
     vdir = run / "ablate-fusion_topk"
-    for name in ("corpus", "cache", "classifier.pt"):
-        assert (vdir / name).is_symlink() and (vdir / name).resolve() == (run / name).resolve()
+    for path in ("corpus", "cache", Store(vdir).checkpoint_path("classifier").name):
+        assert (vdir / path).is_symlink() and (vdir / path).resolve() == (run / path).resolve()
     assert (vdir / "rounds" / "r000" / "prelim.zarr").is_symlink()
-    assert json.loads((vdir / "config.json").read_text())["proposals"]["fusion"] == "topk"
+    assert Store(vdir).read_config()["proposals"]["fusion"] == "topk"
     assert "| fusion_topk |" in out.with_suffix(".md").read_text()
     # label-only: compared with the main run's round 0, and no model is trained after its labels
     assert res["ablation_round"] == 0 and res["ablation_reference_miou"] == res["rounds"][0]["pseudo_label_miou"]
     assert a["delta"] == pytest.approx(a["pseudo_label_miou"] - res["ablation_reference_miou"])
     assert set(a["per_class_iou"]) == set(classes.names)
-    assert (vdir / "rounds" / "r000" / "pseudo.zarr").exists() and not (vdir / "rounds" / "r000" / "model.pt").exists()
+    assert (vdir / "rounds" / "r000" / "pseudo.zarr").exists() and not Store(vdir).has_checkpoint("segmenter", 0)
     # the edge channel only feeds the segmenter, so a 1-round ablation cannot measure it
     assert "--ablate-rounds 2" in res["ablations"]["no_edges"]["skipped"] and not (run / "ablate-no_edges").exists()
 
@@ -196,32 +158,47 @@ def test_bench_quality_end_to_end(tmp_path, prefect_harness, capsys):
     comp = res["model_comparison"]
     assert list(comp) == ['small{"width": 8}', 'small{"width": 4}']
     for c in comp.values():
-        assert c["epochs"] == bq.budget_epochs(2, c["measured_images_per_second"], len(TRAIN))
+        assert c["epochs"] == budget_epochs(2, c["measured_images_per_second"], len(TRAIN))
         for what in ("wsss", "supervised"):
             assert 0.0 <= c[what]["miou"] <= 1.0 and Path(c[what]["checkpoint"]).exists()
             assert c[what]["epochs_run"] <= c["epochs"]
-    wsss_ckpt = torch.load(comp['small{"width": 4}']["wsss"]["checkpoint"], weights_only=False)
+    wsss_ckpt = read_file(comp['small{"width": 4}']["wsss"]["checkpoint"])
     assert wsss_ckpt["options"] == {"width": 4}
     assert out.with_suffix(".md").read_text().count("| small |") == 2
 
 
 def test_model_specs_and_budget_epochs():
-    assert bq.parse_model_spec("fusion") == ("fusion", {})
-    assert bq.parse_model_spec('fusion={"width": 0.25}') == ("fusion", {"width": 0.25})
+    assert parse_model_spec("fusion") == ("fusion", {})
+    assert parse_model_spec('fusion={"width": 0.25}') == ("fusion", {"width": 0.25})
     with pytest.raises(ValueError, match="unknown network 'fuson'"):
-        bq.parse_model_spec("fuson")
+        parse_model_spec("fuson")
     with pytest.raises(ValueError, match="JSON object"):
-        bq.parse_model_spec("fusion=[1]")
+        parse_model_spec("fusion=[1]")
     with pytest.raises(ValueError, match="JSON object"):
-        bq.parse_model_spec("fusion={width: 1}")
-    assert bq.budget_epochs(300, 10.0, 276) == 10  # 3000 images / 276 = 10.9 -> 10 whole epochs
-    assert bq.budget_epochs(300, 0.5, 276) == 1  # slower than one epoch: still one
-    assert bq.budget_epochs(60, 9.2, 100, minimum=2) == 5
+        parse_model_spec("fusion={width: 1}")
+    assert budget_epochs(300, 10.0, 276) == 10  # 3000 images / 276 = 10.9 -> 10 whole epochs
+    assert budget_epochs(300, 0.5, 276) == 1  # slower than one epoch: still one
+    assert budget_epochs(60, 9.2, 100, minimum=2) == 5
     with pytest.raises(ValueError):
-        bq.budget_epochs(300, 0.0, 276)
+        budget_epochs(300, 0.0, 276)
 
 
 def test_unknown_set_keys_are_refused():
-    bq.check_overrides(["proposals.t1=0.4", "segmentation.options.width=8", "segmentation.options={}"])
+    check_overrides(["proposals.t1=0.4", "segmentation.options.width=8", "segmentation.options={}"])
     with pytest.raises(ValueError, match="segmentation.widht"):
-        bq.check_overrides(["proposals.t1=0.4", "segmentation.widht=8"])
+        check_overrides(["proposals.t1=0.4", "segmentation.widht=8"])
+
+
+def test_seed_summary_and_compared_networks():
+    from tasks.config import WSSSConfig
+    from tasks.quality import compared_networks, ratio, seed_summary
+
+    s = seed_summary([{"seed": 0, "wsss": 0.4, "supervised": 0.5}, {"seed": 1, "wsss": 0.3, "supervised": 0.0}])
+    assert s["seeds"][0]["ratio"] == pytest.approx(0.8) and s["seeds"][1]["ratio"] is None
+    assert s["wsss"] == {"mean": pytest.approx(0.35), "min": 0.3, "max": 0.4} and "wsss_ungated" not in s
+    assert ratio(None, 0.5) is None
+    # the configured network first, then each named one once (tagged by name and sorted options)
+    cfg = WSSSConfig.model_validate({"segmentation": {"model": "small", "options": {}}})
+    nets = compared_networks(cfg, ["small", 'small={"width": 4}', 'small={"width": 4}', 'fusion={"width": 0.25}'])
+    assert nets == [("small", "small", {}), ('small{"width": 4}', "small", {"width": 4}),
+                    ('fusion{"width": 0.25}', "fusion", {"width": 0.25})]

@@ -1,7 +1,7 @@
 import numpy as np
 import pytest
 
-from tasks.crf import dense_crf, pydensecrf_available
+from tasks.crf import crf_labels, dense_crf, pydensecrf_available
 
 
 def _noisy_scene(seed=0, split=40):
@@ -59,3 +59,46 @@ def test_crf_input_not_modified_and_validation():
     if not pydensecrf_available():
         with pytest.raises(ImportError, match="pydensecrf2"):
             dense_crf(img, prob, backend="pydensecrf")
+
+
+# ---------------------------------------------------------------------------- crf_labels (cam_crf baseline)
+def _halves(h=40, w=60):
+    """Left half dark red, right half light blue; truth: class 1 left, class 3 right."""
+    image = np.zeros((h, w, 3), np.uint8)
+    image[:, : w // 2] = (150, 30, 30)
+    image[:, w // 2:] = (40, 140, 220)
+    truth = np.full((h, w), 3, np.uint8)
+    truth[:, : w // 2] = 1
+    return image, truth
+
+
+@pytest.mark.parametrize("backend", ["pydensecrf", "approx"])
+def test_crf_labels_uses_only_tagged_classes_and_cleans_noise(backend):
+    image, truth = _halves()
+    rng = np.random.default_rng(0)
+    k = 5
+    prob = rng.uniform(0.0, 1.0, (k,) + truth.shape).astype(np.float32)
+    # the two tagged classes lean weakly towards the truth, untagged ones are strong noise
+    prob[1] += 0.35 * (truth == 1)
+    prob[3] += 0.35 * (truth == 3)
+    prob[[0, 2, 4]] *= 2.0
+    allowed = np.array([False, True, False, True, False])
+    before = allowed.nonzero()[0][prob[allowed].argmax(0)]
+    label = crf_labels(image, prob, allowed, backend=backend)
+    assert label.dtype == np.uint8 and label.shape == truth.shape
+    assert set(np.unique(label)) <= {1, 3}
+    acc_before, acc_after = np.mean(before == truth), np.mean(label == truth)
+    assert acc_before < 0.85
+    assert acc_after > 0.97 and acc_after > acc_before
+
+
+def test_crf_labels_validates_and_handles_one_tag():
+    image, truth = _halves(8, 8)
+    prob = np.ones((3, 8, 8), np.float32)
+    assert (crf_labels(image, prob, np.array([False, False, True])) == 2).all()
+    with pytest.raises(ValueError, match="no True"):
+        crf_labels(image, prob, np.zeros(3, bool))
+    with pytest.raises(ValueError, match="allowed must be"):
+        crf_labels(image, prob, np.ones(4, bool))
+    with pytest.raises(ValueError, match="prob must be"):
+        crf_labels(image, prob[:, :4], np.ones(3, bool))

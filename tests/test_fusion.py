@@ -4,6 +4,24 @@ import scipy.sparse as sp
 
 from tasks.fusion import fuse_class, pseudo_label, seed_map, seeded_segmentation, three_way
 
+# The constructed cases below were built for these options (pseudo_label's defaults before they
+# became the configuration's, see test_pseudo_label_defaults_are_the_configuration's)
+OLD_DEFAULTS = dict(t1=0.5, p1=0.5, p2=0.1, fusion="topk", seeding="random_walker", downscale=1, prior_weight=0.0)
+
+
+def test_pseudo_label_defaults_are_the_configuration_s():
+    """One source of defaults: pseudo_label's keyword defaults are ProposalConfig's."""
+    import inspect
+
+    from tasks.config import ProposalConfig
+
+    cfg = ProposalConfig()
+    names = {"seed_prior_weight": "prior_weight"}
+    params = inspect.signature(pseudo_label).parameters
+    for field in ("t1", "p1", "t2", "p2", "fusion", "k", "threshold", "clustering", "clustering_lo", "clustering_hi",
+                  "seeding", "min_confidence", "beta", "downscale", "seed_prior_weight", "grabcut_iters"):
+        assert params[names.get(field, field)].default == getattr(cfg, field), field
+
 
 def _membership(rows, n_sp):
     dense = np.zeros((len(rows), n_sp), bool)
@@ -198,7 +216,7 @@ def _strip_scene():
 @pytest.mark.parametrize("seeding", ["random_walker", "grabcut"])
 def test_pseudo_label_perfect_preliminary_map_is_returned(seeding):
     img, sp_labels, membership, prob, prelim, tags, label_true = _strip_scene()
-    label, info = pseudo_label(img, sp_labels, membership, prob, prelim, tags, seeding=seeding)
+    label, info = pseudo_label(img, sp_labels, membership, prob, prelim, tags, **{**OLD_DEFAULTS, 'seeding': seeding})
     assert label.dtype == np.uint8
     np.testing.assert_array_equal(label, label_true)
     assert info["positives"] == {0: 3, 1: 3}
@@ -213,12 +231,12 @@ def test_pseudo_label_fallback_and_min_confidence():
     img, sp_labels, membership, prob, prelim, tags, label_true = _strip_scene()
     prob = prob.copy()
     prob[:, 1] = 0.0  # no positive for class 1 -> its preliminary map is used
-    label, info = pseudo_label(img, sp_labels, membership, prob, prelim, tags)
+    label, info = pseudo_label(img, sp_labels, membership, prob, prelim, tags, **OLD_DEFAULTS)
     assert info["fallback"] == [1] and info["positives"][1] == 0
     np.testing.assert_array_equal(label, label_true)
     # Requiring confidence 1 leaves only the seeds labelled.
     img, sp_labels, membership, prob, prelim, tags, label_true = _strip_scene()
-    label, info = pseudo_label(img, sp_labels, membership, prob, prelim, tags, min_confidence=1.0)
+    label, info = pseudo_label(img, sp_labels, membership, prob, prelim, tags, min_confidence=1.0, **OLD_DEFAULTS)
     seeded = np.isin(sp_labels % 6, [0, 1, 4, 5])
     np.testing.assert_array_equal(label[seeded], label_true[seeded])
     assert np.any(label[~seeded] == 255)
@@ -226,7 +244,7 @@ def test_pseudo_label_fallback_and_min_confidence():
 
 def test_pseudo_label_single_tag_is_whole_image():
     img, sp_labels, membership, prob, prelim, _, _ = _strip_scene()
-    label, _ = pseudo_label(img, sp_labels, membership, prob, prelim, np.array([False, True, False]))
+    label, _ = pseudo_label(img, sp_labels, membership, prob, prelim, np.array([False, True, False]), **OLD_DEFAULTS)
     assert np.all(label == 1)
 
 
@@ -243,13 +261,13 @@ def test_pseudo_label_implicit_background():
     membership = _membership([[4], [4, 5], [0]], 9)
     prob = np.array([[0.1, 0.9, 0.0], [0.3, 0.6, 0.1], [0.9, 0.1, 0.0]], np.float32)
     tags = np.array([False, True, False])
-    label, info = pseudo_label(img, sp_labels, membership, prob, prelim, tags, background=0)
+    label, info = pseudo_label(img, sp_labels, membership, prob, prelim, tags, background=0, **OLD_DEFAULTS)
     np.testing.assert_array_equal(label, truth)
     assert np.count_nonzero(label == 0) == 800
     # Superpixel 5 (fused 0.4) is the only ambiguous one.
     assert info["ambiguous_share"] == pytest.approx(1 / 9)
     # Background with no object tag: all background; no background: single tag fills all.
-    label, _ = pseudo_label(img, sp_labels, membership, prob, prelim, np.zeros(3, bool), background=0)
+    label, _ = pseudo_label(img, sp_labels, membership, prob, prelim, np.zeros(3, bool), background=0, **OLD_DEFAULTS)
     assert np.all(label == 0)
-    label, _ = pseudo_label(img, sp_labels, membership, prob, prelim, tags)
+    label, _ = pseudo_label(img, sp_labels, membership, prob, prelim, tags, **OLD_DEFAULTS)
     assert np.all(label == 1)

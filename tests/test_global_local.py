@@ -7,7 +7,7 @@ import torch
 from models.global_local import (GlobalLocalNet, coarse_image, global_local, normalize,
                                  patch_boxes_in_coarse, segment_large)
 from models.roi_align import roi_align
-from tasks.tiling import patch_grid
+from models.tiling import patch_grid
 
 torch.set_num_threads(1)
 
@@ -128,7 +128,7 @@ def test_segment_large_matches_forward(use_global):
 
 
 def _forward_with_coarse(model, x, coarse):
-    from tasks.tiling import Stitcher, extract_patches
+    from models.tiling import Stitcher, extract_patches
     grid = patch_grid(x.shape[2], x.shape[3], 32, overlap=model.overlap)
     boxes = patch_boxes_in_coarse(grid, x.shape[2], x.shape[3], 32)
     s = Stitcher(x.shape[2], x.shape[3])

@@ -14,9 +14,10 @@ def test_train_wsss_with_global_local_segmenter(tmp_path, prefect_harness, clust
 
 
 def _rounds_with_global_local(tmp_path, cluster, monkeypatch):  # noqa: F811
-    import models
-    from flows.config import WSSSConfig
-    from flows.wsss import ingest, runner, train_wsss
+    from tasks.feature_cache import FEATURE_STAGE
+    from tasks.config import WSSSConfig
+    from flows.runtime import on_cluster
+    from flows.wsss import ingest, train_wsss
     from models.global_local import GlobalLocalNet
     from tasks import pipeline as pl
     from tasks import training as tr
@@ -35,7 +36,7 @@ def _rounds_with_global_local(tmp_path, cluster, monkeypatch):  # noqa: F811
 
     src = copy_sample(tmp_path / "src", E2E_IDS[:6])
     run = tmp_path / "run"
-    ingest.with_options(task_runner=runner(cluster))(str(src), str(run), shard_size=3)
+    on_cluster(ingest, cluster)(str(src), str(run), shard_size=3)
     cfg = WSSSConfig.model_validate({
         "classifier": {"epochs": 3, "size": 128, "width": 16, "stride": 16, "batch_size": 8},
         "mil": {"iterations": 1},
@@ -45,7 +46,7 @@ def _rounds_with_global_local(tmp_path, cluster, monkeypatch):  # noqa: F811
         # the model's own probabilities in round 1 (a 2-epoch network is nearly flat, and so would be
         # its per-class max normalisation, tested in test_training.py), so the CAM comparison below holds
         "prior_weight": 0.0, "prelim_normalize": False, "max_rounds": 2, "epsilon": 0.0, "shard_size": 3})
-    s = train_wsss.with_options(task_runner=runner(cluster))(str(run), cfg, cluster)
+    s = on_cluster(train_wsss, cluster)(str(run), cfg, cluster)
 
     rows = s["rounds"]
     assert [r["round"] for r in rows] == ["cam", 0, 1]
@@ -56,7 +57,7 @@ def _rounds_with_global_local(tmp_path, cluster, monkeypatch):  # noqa: F811
     records = store.manifest()
     nets = {}
     for r in (0, 1):
-        net, state = models.load_checkpoint(store.round_dir(r) / "model.pt")
+        net, state = store.read_model("segmenter", r)
         assert isinstance(net, GlobalLocalNet) and state["builder"] == "global_local"
         assert state["in_channels"] == 4 and net.patch_size == 96
         nets[r] = net
@@ -67,7 +68,7 @@ def _rounds_with_global_local(tmp_path, cluster, monkeypatch):  # noqa: F811
     torch_diffs, cam_diffs = [], []
     for rec in records:
         image = store.image(rec.image_id)
-        edges = store.cached(pl.FEATURE_STAGE, s["feature_key"], rec.sha256)["edges"]
+        edges = store.cached(FEATURE_STAGE, s["feature_key"], rec.sha256)["edges"]
         allowed = classes.tag_vector(rec.tags)
         want = pl.restrict(tr.predict_probs(nets[0], image, edges), allowed)
         got = store.prelim(1, rec.image_id, classes.n)
@@ -78,7 +79,7 @@ def _rounds_with_global_local(tmp_path, cluster, monkeypatch):  # noqa: F811
     assert json.loads((run / "summary.json").read_text())["final_model"].endswith("r001/model.pt")
 
     # `wsseg segment --model RUN` applies the run's final (4-channel) model to an image file
-    from flows.highres import segment
+    from tasks.segment import segment
     stats = []
     pngs = segment([src / "images" / f"{E2E_IDS[0]}.jpg"], run, tmp_path / "seg", stats=stats, log=lambda _: None)
     from PIL import Image

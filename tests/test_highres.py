@@ -1,4 +1,5 @@
-"""flows.highres: data helpers with known answers, a tiny end-to-end benchmark and `segment`."""
+"""tasks.highres, tasks.segment, tasks.store.files and the flows of flows.highres: data helpers with known
+answers, a tiny end-to-end benchmark and `segment`."""
 
 import argparse
 import json
@@ -9,7 +10,9 @@ import pytest
 import torch
 from PIL import Image
 
-import flows.highres as hr
+from tasks import highres as hr
+from tasks import segment as sg
+from tasks.store import files
 
 torch.set_num_threads(1)
 
@@ -94,12 +97,13 @@ def test_train_highres_balanced_lowers_loss_and_validates():
         hr.train_highres([image], [], model=model, patch_size=32, steps=1)
 
 
-def test_bench_and_segment_end_to_end(tmp_path, monkeypatch):
+def test_bench_and_segment_end_to_end(tmp_path, monkeypatch, capsys):
+    from flows.highres import bench_highres
     ids = _synthetic_hrf(tmp_path / "hrf")
     out = tmp_path / "bench" / "highres.json"
-    logs = []
-    res = hr.bench_highres(tmp_path / "hrf", "train", out, train_n=3, eval_n=1, patch_size=16, scale=0.5, steps=3,
-                           batch=2, width=8, blocks=(1, 1), overlap=4, threads=1, log=logs.append)
+    res = bench_highres(str(tmp_path / "hrf"), "train", str(out), train_n=3, eval_n=1, patch_size=16, scale=0.5,
+                        steps=3, batch=2, width=8, blocks=(1, 1), overlap=4, threads=1)
+    logs = capsys.readouterr().out.splitlines()
     saved = json.loads(out.read_text())
     for key in ("global_local_iou", "global_local_f1", "patch_only_iou", "patch_only_f1", "downsampled_iou",
                 "downsampled_f1", "peak_mem_mb_1x", "peak_mem_mb_2x", "peak_mem_ratio_2x", "mpix_per_s",
@@ -120,11 +124,11 @@ def test_bench_and_segment_end_to_end(tmp_path, monkeypatch):
 
     # segment with the saved checkpoint; force the Zarr output and the on-disk working image with tiny thresholds
     import zarr
-    monkeypatch.setattr(hr, "LARGE_OUTPUT_PIXELS", 1000)
+    monkeypatch.setattr(sg, "LARGE_OUTPUT_PIXELS", 1000)
     images = [tmp_path / "hrf" / "images" / f"{i}.jpg" for i in ids[:2]]
     ckpt = out.with_name("highres_global_local.pt")
     stats = []
-    pngs = hr.segment(images, ckpt, tmp_path / "seg", batch=3, log=logs.append, stats=stats)
+    pngs = sg.segment(images, ckpt, tmp_path / "seg", batch=3, log=logs.append, stats=stats)
     for png, st in zip(pngs, stats):
         with Image.open(png) as im:
             assert im.mode == "P" and im.size == (96, 64)
@@ -139,68 +143,74 @@ def test_bench_and_segment_end_to_end(tmp_path, monkeypatch):
         assert (labels[outside] == 0).all()
     assert sum("[2/2]" in line for line in logs) == 1
     assert not list((tmp_path / "seg").glob(".*"))              # temporary working arrays are gone
-    monkeypatch.setattr(hr, "SPILL_PIXELS", 100)
-    spilled = hr.segment(images, ckpt, tmp_path / "seg_spilled", batch=3, log=logs.append)
+    monkeypatch.setattr(sg, "SPILL_PIXELS", 100)
+    spilled = sg.segment(images, ckpt, tmp_path / "seg_spilled", batch=3, log=logs.append)
     for a, b in zip(pngs, spilled):
         np.testing.assert_array_equal(np.array(Image.open(a)), np.array(Image.open(b)))
     # --fov none keeps every pixel's prediction
-    kept = hr.segment(images[:1], ckpt, tmp_path / "seg_nofov", fov="none", log=logs.append)
+    kept = sg.segment(images[:1], ckpt, tmp_path / "seg_nofov", fov="none", log=logs.append)
     whole = np.array(Image.open(kept[0]))
     inside = ~outside
     np.testing.assert_array_equal(whole[inside], np.array(Image.open(spilled[0]))[inside])
     with pytest.raises(ValueError, match="not found"):
-        hr.segment([tmp_path / "nope.jpg"], ckpt, tmp_path / "seg")
+        sg.segment([tmp_path / "nope.jpg"], ckpt, tmp_path / "seg")
     with pytest.raises(ValueError, match="fov"):
-        hr.segment(images[:1], ckpt, tmp_path / "seg", fov="maybe")
+        sg.segment(images[:1], ckpt, tmp_path / "seg", fov="maybe")
 
     # --model accepts the bench's JSON, its folder, and a `wsseg train` run directory
-    assert hr.resolve_checkpoint(out) == ckpt and hr.resolve_checkpoint(out.parent) == ckpt
+    assert files.resolve_checkpoint(out) == ckpt and files.resolve_checkpoint(out.parent) == ckpt
     run = tmp_path / "run"
     (run / "rounds" / "r001").mkdir(parents=True)
     (run / "rounds" / "r001" / "model.pt").write_bytes(ckpt.read_bytes())
     (run / "summary.json").write_text(json.dumps({"final_model": "/moved/away/rounds/r001/model.pt"}))
-    assert hr.resolve_checkpoint(run) == run / "rounds" / "r001" / "model.pt"      # run dir moved: found under it
-    assert hr.resolve_checkpoint(run / "summary.json") == run / "rounds" / "r001" / "model.pt"
-    from flows.cli import main
-    assert main(["segment", str(images[0]), "--model", str(run), "--out", str(tmp_path / "seg_cli"),
-                 "--threads", "1"]) == 0
+    assert files.resolve_checkpoint(run) == run / "rounds" / "r001" / "model.pt"      # run dir moved: found under it
+    assert files.resolve_checkpoint(run / "summary.json") == run / "rounds" / "r001" / "model.pt"
+    # the real command, in its own process (it starts its Prefect API and MLflow store in --out)
+    import subprocess
+    import sys
+    from pathlib import Path
+    root = Path(__file__).resolve().parents[1]
+    cli = subprocess.run([sys.executable, "-m", "flows.cli", "segment", str(images[0]), "--model", str(run), "--out",
+                          str(tmp_path / "seg_cli"), "--threads", "1"], cwd=root, capture_output=True, text=True,
+                         env={**__import__("os").environ, "PYTHONPATH": str(root)})
+    assert cli.returncode == 0, cli.stderr[-2000:]
     np.testing.assert_array_equal(np.array(Image.open(tmp_path / "seg_cli" / f"{ids[0]}.png")),
                                   np.array(Image.open(pngs[0])))
 
 
 def test_resolve_checkpoint_errors_name_the_path(tmp_path):
     with pytest.raises(ValueError, match=r"nowhere.*no such file"):
-        hr.resolve_checkpoint(tmp_path / "nowhere")
+        files.resolve_checkpoint(tmp_path / "nowhere")
     (tmp_path / "empty").mkdir()
     with pytest.raises(ValueError, match=r"empty: no checkpoint found.*summary\.json.*_global_local\.pt"):
-        hr.resolve_checkpoint(tmp_path / "empty")
+        files.resolve_checkpoint(tmp_path / "empty")
     (tmp_path / "two").mkdir()
     for name in ("a_global_local.pt", "b_global_local.pt"):
         (tmp_path / "two" / name).write_bytes(b"")
     with pytest.raises(ValueError, match=r"two: several.*a_global_local\.pt, b_global_local\.pt"):
-        hr.resolve_checkpoint(tmp_path / "two")
+        files.resolve_checkpoint(tmp_path / "two")
     (tmp_path / "run").mkdir()
     (tmp_path / "run" / "summary.json").write_text(json.dumps({"final_model": str(tmp_path / "gone" / "model.pt")}))
     with pytest.raises(ValueError, match=r"summary\.json: final_model .*gone.*not found"):
-        hr.resolve_checkpoint(tmp_path / "run")
+        files.resolve_checkpoint(tmp_path / "run")
     (tmp_path / "b.json").write_text("{}")
     with pytest.raises(ValueError, match=r"b\.json: no checkpoint b_global_local\.pt beside it"):
-        hr.resolve_checkpoint(tmp_path / "b.json")
+        files.resolve_checkpoint(tmp_path / "b.json")
 
 
 def test_write_palette_png_streams_bands_and_checks_rows(tmp_path):
     rng = np.random.default_rng(0)
     labels = rng.integers(0, 21, (37, 53), dtype=np.uint8)
-    palette = hr._palette(21)
-    hr.write_palette_png(tmp_path / "a.png", 37, 53, (labels[i:i + 10] for i in range(0, 37, 10)), palette)
+    palette = files.palette(21)
+    files.write_palette_png(tmp_path / "a.png", 37, 53, (labels[i:i + 10] for i in range(0, 37, 10)), palette)
     with Image.open(tmp_path / "a.png") as im:
         assert im.mode == "P" and im.size == (53, 37)
         np.testing.assert_array_equal(np.array(im), labels)
         assert im.getpalette()[:63] == palette[:63]
     with pytest.raises(ValueError, match="bands hold 30 rows, expected 37"):
-        hr.write_palette_png(tmp_path / "b.png", 37, 53, (labels[i:i + 10] for i in range(0, 30, 10)), palette)
+        files.write_palette_png(tmp_path / "b.png", 37, 53, (labels[i:i + 10] for i in range(0, 30, 10)), palette)
     with pytest.raises(ValueError, match=r"bands must be \(n, 53\) uint8"):
-        hr.write_palette_png(tmp_path / "c.png", 37, 53, [labels[:, :50]], palette)
+        files.write_palette_png(tmp_path / "c.png", 37, 53, [labels[:, :50]], palette)
     assert not (tmp_path / "b.png").exists() and not (tmp_path / "c.png").exists()
 
 
@@ -209,7 +219,7 @@ def test_upsampled_class_shares_equal_counts_of_the_upsampled_map():
     small = rng.integers(0, 4, (13, 17), dtype=np.uint8)
     for height, width in ((13, 17), (40, 29), (101, 170)):
         want = np.bincount(hr.upsample_labels(small, height, width).ravel(), minlength=4) / (height * width)
-        np.testing.assert_allclose(hr.upsampled_class_shares(small, height, width, 4, band=5), want, atol=1e-12)
+        np.testing.assert_allclose(sg.upsampled_class_shares(small, height, width, 4, band=5), want, atol=1e-12)
 
 
 def test_read_image_reduced_decode_matches_full_decode(tmp_path):
@@ -217,29 +227,30 @@ def test_read_image_reduced_decode_matches_full_decode(tmp_path):
     image = cv2.GaussianBlur(rng.integers(0, 256, (120, 200, 3), dtype=np.uint8), (9, 9), 3)
     path = tmp_path / "x.jpg"
     cv2.imwrite(str(path), image[..., ::-1], [cv2.IMWRITE_JPEG_QUALITY, 98])
-    full = hr.read_image(path)
+    full = files.read_image(path)
     np.testing.assert_allclose(full.astype(float), image, atol=12)         # RGB order kept
     for scale in (0.5, 0.3, 0.2):
-        got = hr.read_image(path, scale)
+        got = files.read_image(path, scale)
         want = cv2.resize(full, (round(200 * scale), round(120 * scale)), interpolation=cv2.INTER_AREA)
         assert got.shape == want.shape
         assert np.abs(got.astype(int) - want).mean() < 3
     with pytest.raises(ValueError, match="scale"):
-        hr.read_image(path, 1.5)
+        files.read_image(path, 1.5)
 
 
 def test_parsers_register_commands():
     parser = argparse.ArgumentParser(prog="wsseg")
     sub = parser.add_subparsers(dest="command")
-    hr.add_segment_parser(sub)
+    from flows import cli
+    cli._add_segment_parser(sub)
     bench = sub.add_parser("bench").add_subparsers(dest="bench")
-    hr.add_bench_highres_parser(bench)
+    cli._add_bench_highres_parser(bench)
     # the names of the issue ...
     a = parser.parse_args(["segment", "x.jpg", "y.jpg", "--model", "runs/r", "--out", "o", "--overlap", "8"])
-    assert a.func is hr._segment_main and a.inputs == ["x.jpg", "y.jpg"] and a.overlap == 8
+    assert a.func is cli.cmd_segment and a.inputs == ["x.jpg", "y.jpg"] and a.overlap == 8
     assert (a.model, a.out, a.fov) == ("runs/r", "o", "auto")
     b = parser.parse_args(["bench", "highres", "--data", "d", "--split", "val", "--out", "r.json", "--steps", "5"])
-    assert b.func is hr._bench_main
+    assert b.func is cli.cmd_bench_highres
     assert (b.data, b.split, b.out, b.steps, b.patch_size) == ("d", "val", "r.json", 5, 256)
     # ... and the earlier ones, as aliases
     a = parser.parse_args(["segment", "x.jpg", "--checkpoint", "m.pt", "--out-dir", "o2", "--fov", "none"])

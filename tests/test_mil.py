@@ -162,7 +162,7 @@ def test_negatives_separate_classes_that_share_every_image():
 
 
 def test_negatives_by_round():
-    from flows.config import MILConfig
+    from tasks.config import MILConfig
 
     assert [MILConfig().negatives_in(r) for r in (0, 1, 2)] == [True, False, False]  # the default: round 0 only
     assert [MILConfig(negatives="all_rounds").negatives_in(r) for r in (0, 3)] == [True, True]

@@ -10,7 +10,7 @@ import torch
 import models
 from tasks import training as tr
 from tasks.ingest import load_image, load_mask
-from tasks.store import Store
+from tasks.store import StateFile, Store, load_model, save_model
 
 SAMPLE = Path(__file__).resolve().parents[1] / "flows" / "sample" / "msrc21"
 IDS = ["1_1_s", "3_7_s", "5_26_s", "13_2_s"]  # four classes' worth of real photos and masks
@@ -81,7 +81,7 @@ class _Interrupt(Exception):
     pass
 
 
-def _run(root: str, checkpoint: Path | None, interrupt_at: int | None = None):
+def _run(root: str, checkpoint: StateFile | None, interrupt_at: int | None = None):
     torch.manual_seed(0)
     model = models.build_model("small", N_CLASSES, in_channels=4, width=8)  # has dropout: RNG matters
     ds = tr.StoreDataset(len(IDS), StoreLoad(root, IDS, 96), tr.Augment(crop=64), seed=3)
@@ -98,10 +98,10 @@ def _run(root: str, checkpoint: Path | None, interrupt_at: int | None = None):
 
 def test_resume_continues_from_the_checkpoint_and_matches_an_uninterrupted_run(store_root, tmp_path):
     ref_model, ref = _run(store_root, None)
-    ckpt = tmp_path / "state.pt"
+    ckpt = StateFile(tmp_path / "state.pt")
     with pytest.raises(_Interrupt):
         _run(store_root, ckpt, interrupt_at=2)
-    assert torch.load(ckpt, weights_only=False)["epoch"] == 1
+    assert ckpt.load()["epoch"] == 1
     model, res = _run(store_root, ckpt)
     assert res.resumed_from == 2 and res.epochs_run == 4 and res.stopped == "epochs"
     assert [h["epoch"] for h in res.history] == [0, 1, 2, 3]
@@ -223,9 +223,9 @@ def test_checkpoint_round_trip_gives_identical_outputs(tmp_path, name, options):
     with torch.no_grad():
         want = model(x)
     path = tmp_path / f"{name}.pt"
-    models.save_checkpoint(path, model, builder_ref=name, num_classes=N_CLASSES, in_channels=4, options=options,
-                           meta={"note": "test"})
-    loaded, state = models.load_checkpoint(path)
+    save_model(path, model, builder=name, num_classes=N_CLASSES, in_channels=4, options=options,
+               meta={"note": "test"})
+    loaded, state = load_model(path)
     assert not loaded.training and state["meta"] == {"note": "test"} and state["options"] == options
     with torch.no_grad():
         got = loaded(x)

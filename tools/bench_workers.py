@@ -12,7 +12,6 @@ the script prints every timing, the medians and their ratio.
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import shutil
 import statistics
@@ -22,35 +21,34 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-SCRATCH_ROUND = 999
 
-
-def time_stage(run: Path, model: Path, shards: list[list[str]], key: str, cfg: dict, workers: int,
+def time_stage(run: Path, scratch: int, shards: list[list[str]], key: str, cfg, workers: int,
                environ: dict) -> tuple[float, float]:
     """(wall seconds, system CPU seconds of the workers) of the stage on a fresh cluster."""
     import dask
     from distributed import Client, LocalCluster
 
     from tasks import pipeline as pl
+    from tasks.store import Store
 
     def sys_seconds() -> float:
         import resource
         return resource.getrusage(resource.RUSAGE_SELF).ru_stime
 
-    shutil.rmtree(run / "rounds" / f"r{SCRATCH_ROUND:03d}", ignore_errors=True)
+    shutil.rmtree(Store(run).round_dir(scratch), ignore_errors=True)
     os.environ.pop("MALLOC_TRIM_THRESHOLD_", None)  # a previous cluster's nanny left Dask's value here
     with dask.config.set({"distributed.nanny.pre-spawn-environ": environ}), \
-            LocalCluster(n_workers=workers, threads_per_worker=1, processes=True, dashboard_address=":0",
+            LocalCluster(n_workers=workers, threads_per_worker=1, processes=True, dashboard_address="127.0.0.1:0",
                          silence_logs=40) as cluster, Client(cluster) as client:
         trim = set(client.run(lambda: os.environ.get("MALLOC_TRIM_THRESHOLD_")).values())
         assert trim == {environ.get("MALLOC_TRIM_THRESHOLD_") and str(environ["MALLOC_TRIM_THRESHOLD_"])}, trim
         s0 = sum(client.run(sys_seconds).values())
         t0 = time.perf_counter()
-        client.gather([client.submit(pl.preliminary_shard, str(run), ids, SCRATCH_ROUND, str(model), "model",
-                                     key, cfg, pure=False) for ids in shards])
+        client.gather([client.submit(pl.preliminary_shard, str(run), ids, scratch, key, cfg, pure=False)
+                       for ids in shards])
         wall = time.perf_counter() - t0
         system = sum(client.run(sys_seconds).values()) - s0
-    shutil.rmtree(run / "rounds" / f"r{SCRATCH_ROUND:03d}", ignore_errors=True)
+    shutil.rmtree(Store(run).round_dir(scratch), ignore_errors=True)
     return wall, system
 
 
@@ -66,28 +64,35 @@ def main(argv: list[str] | None = None) -> int:
     import distributed  # noqa: F401  (loads the distributed.* defaults into dask.config)
 
     from flows.runtime import worker_environ
-    from tasks import pipeline as pl
     from tasks.store import Store
 
+    from tasks.config import WSSSConfig
+    from tasks.feature_cache import feature_key
+
     run = Path(args.run_dir).resolve()
-    models = sorted((run / "rounds").glob("r[0-9][0-9][0-9]/model.pt"))
-    if not (run / "config.json").is_file() or not models:
-        print(f"{run}: not a finished `wsseg train` run (config.json and rounds/r*/model.pt); run `make demo` "
+    store = Store(run)
+    trained = [r for r in store.rounds() if store.has_checkpoint("segmenter", r)]
+    if store.read_config() is None or not trained:
+        print(f"{run}: not a finished `wsseg train` run (no configuration or no round model); run `make demo` "
               "or pass --run-dir", file=sys.stderr)
         return 2
-    cfg = json.loads((run / "config.json").read_text())
-    store = Store(run)
-    ids = [r.image_id for r in store.manifest(cfg.get("split", "train"))]
-    size = int(cfg.get("shard_size", 16))
+    cfg = WSSSConfig.model_validate(store.read_config())
+    ids = [r.image_id for r in store.manifest(cfg.split)]
+    size = cfg.shard_size
     shards = [ids[i:i + size] for i in range(0, len(ids), size)]
-    key = pl.feature_key(cfg["features"])
+    key = feature_key(cfg.features)
+    scratch = store.rounds()[-1] + 1  # step 1 of the round after the last: the last round's model
+    if scratch - 1 != trained[-1]:
+        print(f"{run}: its last round has no model yet; finish the run first", file=sys.stderr)
+        return 2
     settings = {"dask default": dict(dask.config.get("distributed.nanny.pre-spawn-environ")),
                 "wsseg (no trim threshold)": worker_environ()}
-    print(f"preliminary stage: {len(ids)} images in {len(shards)} shards, {args.workers} workers, model {models[-1]}")
+    print(f"preliminary stage: {len(ids)} images in {len(shards)} shards, {args.workers} workers, model of "
+          f"round {trained[-1]}")
     times: dict[str, list[tuple[float, float]]] = {name: [] for name in settings}
     for i in range(args.repeats):
         for name, environ in settings.items():
-            wall, system = time_stage(run, models[-1], shards, key, cfg, args.workers, environ)
+            wall, system = time_stage(run, scratch, shards, key, cfg, args.workers, environ)
             times[name].append((wall, system))
             print(f"  run {i + 1} {name:>26}: {wall:6.1f} s wall, {system:6.1f} s system CPU in the workers",
                   flush=True)

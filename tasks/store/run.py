@@ -16,7 +16,11 @@ Layout of a run directory::
       rounds/r000/pseudo.zarr/<id> pseudo-label (H, W) uint8, 255 = ignore
       rounds/r000/done/<stage>-<shard>.json   a shard counts as done only once this exists
       rounds/r000/round.json       the round's metrics, written last
-      rounds/r000/*.pt             checkpoints
+      rounds/r000/model.pt         the round's segmenter (mil.pt, proposal_classifier.pt: its corpus
+                                   classifiers; *.train_state.pt: an unfinished training's state)
+      classifier.pt                the image classifier on the tags
+      config.json                  the configuration the run directory belongs to
+      summary.json                 the table of rounds, written at the end of `wsseg train`
 
 Every array is one Zarr chunk written by exactly one process, and a marker is written (by an
 atomic rename) only after the data, so an interrupted run is resumed by re-running it.
@@ -27,16 +31,23 @@ import hashlib
 import json
 import os
 import re
+import shutil
+import sys
 import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Iterable, Sequence
+
+import torch
 
 import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 import scipy.sparse as sp
 import zarr
+
+from tasks.store.checkpoints import (StateFile, load_classifier, load_model, save_classifier,
+                                     save_model)
 
 _ID_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]*$")
 
@@ -108,6 +119,16 @@ def _atomic_write_text(path: Path, text: str) -> None:
     os.replace(tmp, path)
 
 
+def _read_json(path: Path) -> dict | None:
+    """A JSON state file, or None when there is none; a damaged one is named."""
+    if not path.exists():
+        return None
+    try:
+        return json.loads(path.read_text())
+    except ValueError as e:
+        raise ValueError(f"{path}: not readable JSON ({e})") from None
+
+
 class Store:
     """Read and write everything of one run directory. Cheap to construct; picklable."""
 
@@ -164,6 +185,24 @@ class Store:
         _atomic_write_text(self.corpus_dir / "classes.json",
                            json.dumps({"names": list(classes.names), "background": classes.background}, indent=1))
 
+    def write_ingest_report(self, report: dict) -> Path:
+        """``corpus/ingest_report.json``: what an ingest listed, ingested and rejected (and why)."""
+        path = self.corpus_dir / "ingest_report.json"
+        _atomic_write_text(path, json.dumps(report, indent=1))
+        return path
+
+    def drop_images(self, image_ids: Iterable[str]) -> None:
+        """Remove the image and mask arrays of ``image_ids`` (an ingest that refuses undoes its
+        writes), and the corpus folders this leaves empty."""
+        for group in (self.corpus_dir / "images.zarr", self.corpus_dir / "masks.zarr"):
+            for iid in image_ids:
+                if valid_id(iid):
+                    shutil.rmtree(group / iid, ignore_errors=True)
+            if group.is_dir() and not any(p.name != "zarr.json" for p in group.iterdir()):
+                shutil.rmtree(group, ignore_errors=True)
+        if self.corpus_dir.is_dir() and not any(self.corpus_dir.iterdir()):
+            self.corpus_dir.rmdir()
+
     def has_corpus(self) -> bool:
         return (self.corpus_dir / "manifest.parquet").exists()
 
@@ -183,6 +222,11 @@ class Store:
 
     def put_image(self, image_id: str, image: np.ndarray, sha256: str) -> None:
         self._write_array(self.corpus_dir / "images.zarr", image_id, image, {"sha256": sha256})
+
+    def image_shape(self, image_id: str) -> tuple[int, ...]:
+        """Shape of a stored image, read from its metadata (no decoding)."""
+        meta = self.corpus_dir / "images.zarr" / image_id / "zarr.json"
+        return tuple(json.loads(meta.read_text())["shape"])
 
     def has_image(self, image_id: str, sha256: str) -> bool:
         meta = self.corpus_dir / "images.zarr" / image_id / "zarr.json"
@@ -237,6 +281,150 @@ class Store:
             out[name] = arr
         return out
 
+    # ------------------------------------------------------------------ checkpoints
+    #: checkpoint kinds and where they live: per run (r is None) or per round
+    CHECKPOINTS = {"classifier": "classifier.pt", "segmenter": "model.pt", "mil": "mil.pt",
+                   "proposal_classifier": "proposal_classifier.pt", "supervised": "supervised/model.pt"}
+
+    def checkpoint_path(self, kind: str, r: int | None = None, *, name: str | None = None) -> Path:
+        """Where checkpoint ``kind`` lives: the image classifier and the supervised reference per run,
+        the segmenter and the corpus classifiers per round; ``kind="extra"`` with a ``name`` for a
+        benchmark's further models (``models/<name>.pt``)."""
+        if kind == "extra":
+            if not name or not valid_id(name):
+                raise ValueError(f"an extra checkpoint needs a plain name, got {name!r}")
+            return self.root / "models" / f"{name}.pt"
+        if kind not in self.CHECKPOINTS:
+            raise ValueError(f"unknown checkpoint kind {kind!r}; one of: {', '.join(self.CHECKPOINTS)}, extra")
+        if kind in ("segmenter", "mil", "proposal_classifier"):
+            if r is None:
+                raise ValueError(f"checkpoint {kind!r} belongs to a round: pass r")
+            return self.round_dir(r) / self.CHECKPOINTS[kind]
+        return self.root / self.CHECKPOINTS[kind]
+
+    def has_checkpoint(self, kind: str, r: int | None = None, *, name: str | None = None) -> bool:
+        return self.checkpoint_path(kind, r, name=name).is_file()
+
+    def usable_checkpoint(self, kind: str, r: int | None = None, *, name: str | None = None) -> bool:
+        """Whether checkpoint ``kind`` exists and reads back. A damaged one (cut short, say) is
+        named on the terminal and moved aside (``*.damaged``), so that its maker recomputes it."""
+        from tasks.store.checkpoints import CheckpointError, read_file
+
+        path = self.checkpoint_path(kind, r, name=name)
+        if not path.is_file():
+            return False
+        try:
+            read_file(path)
+        except CheckpointError as e:
+            os.replace(path, path.with_name(path.name + ".damaged"))
+            print(f"  [store] {e}; moved aside to {path.name}.damaged and computed again", file=sys.stderr, flush=True)
+            return False
+        return True
+
+    def write_model(self, kind: str, model: torch.nn.Module, r: int | None = None, *, name: str | None = None,
+                    **spec) -> Path:
+        """Save a network (see :func:`tasks.store.checkpoints.save_model` for ``spec``)."""
+        return save_model(self.checkpoint_path(kind, r, name=name), model, **spec)
+
+    def read_model(self, kind: str, r: int | None = None, *, name: str | None = None,
+                   device: str | torch.device = "cpu") -> tuple[torch.nn.Module, dict]:
+        return load_model(self.checkpoint_path(kind, r, name=name), device)
+
+    def model_meta(self, kind: str, r: int | None = None, *, name: str | None = None) -> dict:
+        """The ``meta`` dict a network was saved with."""
+        from tasks.store.checkpoints import read_file
+        return read_file(self.checkpoint_path(kind, r, name=name)).get("meta", {})
+
+    def write_classifier(self, kind: str, r: int, model, **extra) -> Path:
+        """A round's corpus classifier (``mil`` or ``proposal_classifier``) and plain data."""
+        return save_classifier(self.checkpoint_path(kind, r), model, **extra)
+
+    def read_classifier(self, kind: str, r: int) -> dict:
+        return load_classifier(self.checkpoint_path(kind, r))
+
+    def train_state(self, kind: str, r: int | None = None, *, name: str | None = None) -> StateFile:
+        """The resumable training state of checkpoint ``kind`` (beside it, ``*.train_state.pt``)."""
+        path = self.checkpoint_path(kind, r, name=name)
+        return StateFile(path.with_name(f"{path.stem}.train_state.pt"))
+
+    # ------------------------------------------------------------------ run-level state files
+    @property
+    def config_path(self) -> Path:
+        return self.root / "config.json"
+
+    def read_config(self) -> dict | None:
+        """The configuration the run directory was started with (None before the first run)."""
+        return _read_json(self.config_path)
+
+    def write_config(self, config: dict) -> None:
+        _atomic_write_text(self.config_path, json.dumps(config, indent=1))
+
+    @property
+    def summary_path(self) -> Path:
+        return self.root / "summary.json"
+
+    def write_summary(self, summary: dict) -> Path:
+        _atomic_write_text(self.summary_path, json.dumps(summary, indent=1, default=float))
+        return self.summary_path
+
+    def read_summary(self) -> dict | None:
+        return _read_json(self.summary_path)
+
+    def lock(self, command: str):
+        """The run directory's writer lock (:class:`tasks.store.lock.RunLock`), for ``with``."""
+        from tasks.store.lock import RunLock
+        return RunLock(self.root, command)
+
+    def finished_rounds(self) -> list[int]:
+        """Indices of the rounds whose summary is written (a round in progress is not among them)."""
+        return [r for r in self.rounds() if (self.round_dir(r) / "round.json").exists()]
+
+    def rounds(self) -> list[int]:
+        """Indices of the rounds that have a folder (finished or not), ascending."""
+        return sorted(int(p.name[1:]) for p in (self.root / "rounds").glob("r[0-9][0-9][0-9]"))
+
+    def write_json(self, name: str, data: dict) -> Path:
+        """A named JSON report in the run directory (``<name>.json``), written atomically."""
+        path = self.root / f"{name}.json"
+        _atomic_write_text(path, json.dumps(data, indent=1, default=float))
+        return path
+
+    def read_json(self, name: str) -> dict | None:
+        """A named JSON report of the run directory (``<name>.json``), or None when there is none."""
+        return _read_json(self.root / f"{name}.json")
+
+    def ablation(self, name: str) -> "Store":
+        """The run directory of ablation variant ``name`` of this run (``RUN/ablate-<name>``)."""
+        if not valid_id(name):
+            raise ValueError(f"an ablation needs a plain name, got {name!r}")
+        return Store(self.root / f"ablate-{name}")
+
+    def share_round_from(self, other: "Store", r: int, arrays: Sequence[str] = ("prelim", "cam"),
+                         stages: Sequence[str] = ("prelim",)) -> None:
+        """Use ``other``'s round ``r`` arrays (symbolic links) and its finished-shard markers of
+        ``stages`` (copies), e.g. an ablation reusing its main run's round-0 CAMs. A part already
+        present is left as it is."""
+        src, dst = other.round_dir(r), self.round_dir(r)
+        (dst / "done").mkdir(parents=True, exist_ok=True)
+        for name in arrays:
+            s, d = src / f"{name}.zarr", dst / f"{name}.zarr"
+            if s.exists() and not (d.exists() or d.is_symlink()):
+                d.symlink_to(s.resolve(), target_is_directory=True)
+        for stage in stages:
+            for marker in (src / "done").glob(f"{stage}-*.json"):
+                if not (dst / "done" / marker.name).exists():
+                    shutil.copy(marker, dst / "done" / marker.name)
+
+    def share_from(self, other: "Store", parts: Sequence[str] = ("corpus", "cache", "classifier")) -> None:
+        """Use ``other``'s corpus, feature cache and image classifier (symbolic links), e.g. an
+        ablation beside its main run. A part already present is left as it is."""
+        names = {"corpus": "corpus", "cache": "cache", "classifier": self.CHECKPOINTS["classifier"]}
+        self.root.mkdir(parents=True, exist_ok=True)
+        for part in parts:
+            src, dst = other.root / names[part], self.root / names[part]
+            if src.exists() and not (dst.exists() or dst.is_symlink()):
+                dst.symlink_to(src, target_is_directory=src.is_dir())
+
     # ------------------------------------------------------------------ rounds
     def round_dir(self, r: int) -> Path:
         return self.root / "rounds" / f"r{r:03d}"
@@ -268,8 +456,16 @@ class Store:
         return self._read_array(self.round_dir(r) / f"{name}.zarr", image_id)
 
     def shard_done(self, r: int, stage: str, shard: str) -> dict | None:
+        """The result a finished shard recorded, or None (a damaged marker counts as not done)."""
         p = self.round_dir(r) / "done" / f"{stage}-{shard}.json"
-        return json.loads(p.read_text()) if p.exists() else None
+        if not p.exists():
+            return None
+        try:
+            return json.loads(p.read_text())
+        except ValueError:
+            print(f"  [store] {p}: damaged marker; shard {shard!r} of round {r} is computed again", file=sys.stderr,
+                  flush=True)
+            return None
 
     def mark_shard_done(self, r: int, stage: str, shard: str, info: dict) -> None:
         _atomic_write_text(self.round_dir(r) / "done" / f"{stage}-{shard}.json", json.dumps(info))
@@ -278,8 +474,18 @@ class Store:
         _atomic_write_text(self.round_dir(r) / "round.json", json.dumps(summary, indent=1, default=float))
 
     def read_round(self, r: int) -> dict | None:
+        """Round ``r``'s summary, or None when the round is not finished. A damaged summary is
+        named on the terminal and moved aside: the round is then finished again."""
         p = self.round_dir(r) / "round.json"
-        return json.loads(p.read_text()) if p.exists() else None
+        if not p.exists():
+            return None
+        try:
+            return json.loads(p.read_text())
+        except ValueError as e:
+            os.replace(p, p.with_name(p.name + ".damaged"))
+            print(f"  [store] {p}: damaged ({e}); moved aside, round {r} is finished again", file=sys.stderr,
+                  flush=True)
+            return None
 
     def write_table(self, path: Path, rows: list[dict]) -> None:
         path.parent.mkdir(parents=True, exist_ok=True)

@@ -211,3 +211,18 @@ class WSSSConfig(BaseModel):
     shard_size: int = Field(16, ge=1)
     seed: int = 0
     device: str = "auto"
+
+
+# How many rounds to run, and how the trained model labels untagged images, change no round's
+# content: a run may be taken further (or stopped earlier) on the same directory, and its
+# finished rounds are reused.
+NOT_IN_ROUNDS = ("max_rounds", "inference")
+
+
+def config_difference(previous: dict | None, current: WSSSConfig) -> list[str]:
+    """The top-level fields in which ``current`` differs from the configuration a run directory
+    was started with (``previous``, as JSON), leaving out :data:`NOT_IN_ROUNDS`."""
+    if previous is None:
+        return []
+    now = current.model_dump(mode="json")
+    return sorted(k for k in set(previous) | set(now) if previous.get(k) != now.get(k) and k not in NOT_IN_ROUNDS)

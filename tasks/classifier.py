@@ -1,0 +1,77 @@
+"""METHOD.md A, step 4: the multi-label image classifier on the tags, whose class activation
+maps are round 0's preliminary result (and whose encoder starts the segmenters, and whose class
+probabilities gate the segmenter on untagged images)."""
+from __future__ import annotations
+
+import time
+from typing import Callable
+
+import numpy as np
+
+from models.small import image_classifier
+from tasks import training as tr
+from tasks.config import ClassifierConfig
+from tasks.progress import Progress
+from tasks.store import ClassSpec, ImageRecord, Store
+
+
+def object_classes(classes: ClassSpec) -> list[int]:
+    """Indices of the classes a tag can name (every class but the implicit background)."""
+    return [i for i in range(classes.n) if i != classes.background]
+
+
+def tag_targets(records: list[ImageRecord], classes: ClassSpec) -> np.ndarray:
+    """(N, C) float32 0/1 tag matrix over :func:`object_classes`."""
+    obj = object_classes(classes)
+    targets = np.zeros((len(records), len(obj)), np.float32)
+    for i, r in enumerate(records):
+        for t in r.tags:
+            targets[i, obj.index(classes.index(t))] = 1.0
+    return targets
+
+
+class TagLoader:
+    """(image, None, tag vector) of corpus images; picklable for DataLoader workers."""
+
+    def __init__(self, store: Store, ids: list[str], targets: np.ndarray):
+        self.root, self.ids, self.targets = str(store.root), ids, targets
+
+    def __call__(self, i: int):
+        return Store(self.root).image(self.ids[i]), None, self.targets[i]
+
+
+def train_image_classifier(store: Store, records: list[ImageRecord], cfg: ClassifierConfig, *, seed: int,
+                           device: str = "auto", log: Callable[[dict, int], None] | None = None) -> float:
+    """Train the image classifier on the tags of ``records`` and save it as the run's
+    ``classifier`` checkpoint; returns the seconds its training took (read back from the
+    checkpoint when one trained with the same settings already exists; one trained with other
+    settings is trained again)."""
+    classes = store.classes()
+    obj = object_classes(classes)
+    wanted = cfg.model_dump(mode="json")
+    state = store.train_state("classifier")
+    if store.usable_checkpoint("classifier"):
+        meta = store.model_meta("classifier")
+        if meta.get("config", wanted) == wanted:
+            return meta.get("seconds", 0.0)
+        Progress("classifier", 1).message(f"{store.checkpoint_path('classifier')} was trained with other "
+                                          "settings: training again")
+        state.clear()
+    t0 = time.perf_counter()
+    targets = tag_targets(records, classes)
+    tr.seed_everything(seed)  # the initial weights too: torch's own start-up seed differs per process
+    model = image_classifier(len(obj), 3, width=cfg.width, stride=cfg.stride)
+    ds = tr.StoreDataset(len(records), TagLoader(store, [r.image_id for r in records], targets),
+                         tr.Augment(crop=cfg.size, scale=tuple(cfg.scale)), seed=seed, with_edge=False)
+    tcfg = tr.TrainConfig(epochs=cfg.epochs, batch_size=cfg.batch_size, lr=cfg.lr, seed=seed, device=device,
+                          max_seconds=cfg.max_seconds, patience=cfg.epochs, num_workers=1)
+    prog = Progress("classifier", cfg.epochs, "epochs")
+    result = tr.fit(model, ds, tr.multilabel_loss, tcfg, checkpoint=state,
+                    log=(lambda m, step: log({f"classifier_{k}": v for k, v in m.items()}, step)) if log else None,
+                    progress=lambda s: prog.advance(1, s.split(" ", 2)[-1]))
+    seconds = time.perf_counter() - t0
+    store.write_model("classifier", model, builder="image_classifier", num_classes=len(obj), in_channels=3,
+                      options={"width": cfg.width, "stride": cfg.stride},
+                      meta={"object_classes": obj, "epochs_run": result.epochs_run, "config": wanted,
+                            "seconds": seconds})
+    return seconds

@@ -1,0 +1,67 @@
+"""METHOD.md A step 2 (and B's edge map): the per-image features of a corpus, computed once per
+image content and parameter set and cached in the store: superpixels, the feature-region (edge)
+map, superpixel appearance features and the multi-scale proposals (superpixel sets)."""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+import scipy.sparse as sp
+
+from tasks import superpixels as spx
+from tasks.config import FeatureConfig
+from tasks.edges import feature_region_map
+from tasks.features import proposal_features, superpixel_features
+from tasks.proposals import hierarchical_proposals
+from tasks.store import ImageRecord, Store, arrays_to_sparse, params_key, sparse_to_arrays
+
+FEATURE_STAGE = "features"
+
+
+@dataclass
+class ImageFeatures:
+    edges: np.ndarray          # (H, W) uint8 {0,1} feature-region map
+    superpixels: np.ndarray    # (H, W) int32
+    sp_features: np.ndarray    # (S, D) float32
+    membership: sp.csr_matrix  # (P, S) bool
+    sp_areas: np.ndarray       # (S,) int64
+
+
+def feature_key(cfg: FeatureConfig) -> str:
+    """The cache key of ``cfg``: a short hash of every feature parameter."""
+    return params_key({"stage": FEATURE_STAGE, "version": 1, **cfg.model_dump()})
+
+
+def compute_features(store: Store, rec: ImageRecord, cfg: FeatureConfig, key: str) -> bool:
+    """Superpixels, feature-region map, superpixel features and proposals of one image,
+    cached by image content and parameters. Returns False when the cache already had them."""
+    if store.has_cached(FEATURE_STAGE, key, rec.sha256):
+        return False
+    image = store.image(rec.image_id)
+    edges = feature_region_map(image, sigma=cfg.edge_sigma, tau=cfg.edge_tau)
+    labels = spx.superpixels(image, method=cfg.superpixel_method, region_size=cfg.region_size,
+                             ruler=cfg.ruler)
+    feats = superpixel_features(image, labels, edge_map=edges)
+    membership = hierarchical_proposals(image, labels, edge_map=edges, min_size=cfg.proposal_min_size,
+                                        diversify=cfg.proposal_diversify)
+    store.put_cached(FEATURE_STAGE, key, rec.sha256, {
+        "edges": edges.astype(np.uint8), "superpixels": labels.astype(np.int32),
+        "spfeat": feats.astype(np.float32), **sparse_to_arrays(membership)})
+    return True
+
+
+def load_edges(store: Store, rec: ImageRecord, key: str) -> np.ndarray:
+    """The (H, W) feature-region map alone (a network's 4th input channel), without the superpixel parts."""
+    return store.cached(FEATURE_STAGE, key, rec.sha256, ("edges",))["edges"]
+
+
+def load_features(store: Store, rec: ImageRecord, key: str) -> ImageFeatures:
+    d = store.cached(FEATURE_STAGE, key, rec.sha256)
+    labels = d["superpixels"]
+    return ImageFeatures(d["edges"], labels, d["spfeat"], arrays_to_sparse(d),
+                         spx.areas(labels, n=d["spfeat"].shape[0]))
+
+
+def proposal_inputs(feat: ImageFeatures) -> np.ndarray:
+    """(P, D) proposal features of one image (the proposal classifier's input)."""
+    return proposal_features(feat.sp_features, feat.membership, feat.sp_areas)

@@ -1,0 +1,162 @@
+"""Pictures and tables built from a run directory.
+
+* :func:`overlay_grid`: a round's labels over their images (``wsseg train``'s overlays);
+* ``wsseg bench quality``'s report: :func:`pick_overlay_records` and :func:`overlay_figure`
+  (``FILE.png``), :func:`markdown_report` (``FILE.md``), and :func:`write_quality_report`, which
+  writes both beside the result's ``FILE.json``.
+"""
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import numpy as np
+
+from tasks.metrics import confusion_matrix, iou_from_confusion
+from tasks.overlay import grid, overlay, write_png
+from tasks.store import ImageRecord, Store
+
+
+def overlay_grid(store: Store, records: list[ImageRecord], sources: list[tuple[str, int, str]], out: Path) -> Path:
+    """One row per image: the image, each label source over it, and the ground truth if any.
+
+    ``sources``: (title, round, stored label name) triples.
+    """
+    rows = []
+    for rec in records:
+        image = store.image(rec.image_id)
+        row = [(f"{rec.image_id}: {', '.join(rec.tags)}", image)]
+        for title, r, name in sources:
+            label = store.pseudo(r, rec.image_id, name=name)
+            if label is not None:
+                row.append((title, overlay(image, label)))
+        gt = store.mask(rec.image_id)
+        if gt is not None:
+            row.append(("ground truth", overlay(image, gt)))
+        rows.append(row)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    write_png(out, grid(rows))
+    return out
+
+
+# ---------------------------------------------------------------------------- bench quality
+def pick_overlay_records(records: list[ImageRecord], n: int = 6, min_tags: int = 2) -> list[ImageRecord]:
+    """``n`` images for the figure, chosen deterministically: evenly spaced over the ids (sorted)
+    of the images with a mask and at least ``min_tags`` tags, topped up with other masked ones."""
+    with_mask = sorted((r for r in records if r.has_mask), key=lambda r: r.image_id)
+    multi = [r for r in with_mask if len(r.tags) >= min_tags]
+    pool = multi if len(multi) >= n else multi + [r for r in with_mask if len(r.tags) < min_tags]
+    if len(pool) <= n:
+        return pool
+    picks = np.unique(np.linspace(0, len(pool) - 1, n).round().astype(int))
+    return [pool[i] for i in picks]
+
+
+def _image_miou(pred: np.ndarray | None, gt: np.ndarray, n: int) -> float | None:
+    if pred is None:
+        return None
+    return iou_from_confusion(confusion_matrix(pred, gt, n))[1]
+
+
+def overlay_figure(store: Store, records: list[ImageRecord], sources: list[tuple[str, int, str]], out: Path) -> Path:
+    """Rows of image | ground truth | each source, titled with the image's own mIoU."""
+    n = store.classes().n
+    rows = []
+    for rec in records:
+        image = store.image(rec.image_id)
+        gt = store.mask(rec.image_id)
+        row = [(f"{rec.image_id}: {', '.join(rec.tags)}", image)]
+        if gt is not None:
+            row.append(("ground truth", overlay(image, gt)))
+        for title, r, name in sources:
+            label = store.pseudo(r, rec.image_id, name=name)
+            if label is None:
+                continue
+            m = _image_miou(label, gt, n) if gt is not None else None
+            row.append((title + ("" if m is None else f" {m:.2f}"), overlay(image, label)))
+        rows.append(row)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    write_png(out, grid(rows))
+    return out
+
+
+def _f(v, p: int = 4) -> str:
+    return "-" if v is None else (f"{v:.{p}f}" if isinstance(v, float) else str(v))
+
+
+def markdown_report(res: dict) -> str:
+    """The markdown table of a bench result (the dict written to FILE.json)."""
+    b = res["baselines"]
+    lines = [f"# Pseudo-label quality: {res['dataset']} ({res['split']}, {res['images']} images)", "",
+             f"Pseudo-labels measured on `{res['split']}` (tags only for training, masks only here); "
+             f"models measured on `{res['eval_split']}` ({res['eval_images']} images).", "",
+             "| labels on " + res["split"] + " | mIoU | pixel acc. | changed | ignore |", "|---|---|---|---|---|",
+             f"| CAM (round 0) | {_f(b['cam']['miou'])} | {_f(b['cam']['pixel_accuracy'])} | | 0.0000 |",
+             f"| CAM + dense CRF | {_f(b['cam_crf']['miou'])} | {_f(b['cam_crf']['pixel_accuracy'])} | | 0.0000 |"]
+    for r in res["rounds"]:
+        lines.append(f"| ours, round {r['round']} | {_f(r['pseudo_label_miou'])} | | {_f(r['changed_share'])} | "
+                     f"{_f(r['ignore_share'])} |")
+    u = res.get("ungated")
+    head = f"| models on {res['eval_split']} | mIoU{' (gated by the image classifier) | ungated' if u else ''} |"
+    def row(name: str, key: str, p: int = 4) -> str:
+        return f"| {name} | {_f(res[key], p)} |" + (f" {_f(u[key], p)} |" if u else "")
+    lines += ["", head, "|---|---|" + ("---|" if u else ""),
+              row("WSSS model (final round, pseudo-labels)", "wsss_model_miou"),
+              row(f"supervised (masks of {res['split']}, {res['supervised_epochs']} epochs)", "supervised_model_miou"),
+              row("WSSS / supervised", "wsss_over_supervised", 3)]
+    ms = res.get("model_seeds")
+    if ms:
+        def spread(k: str, p: int = 4) -> str:
+            v = ms.get(k)
+            return f"{_f(v['mean'], p)} ({_f(v['min'], p)}-{_f(v['max'], p)})" if v else "n/a"
+        tail = lambda k, p=4: f" {spread(k + '_ungated', p)} |" if u else ""
+        lines += [f"| WSSS model, mean (min-max) over {len(ms['seeds'])} seeds | {spread('wsss')} |{tail('wsss')}",
+                  f"| supervised, mean (min-max) over {len(ms['seeds'])} seeds | {spread('supervised')} |"
+                  f"{tail('supervised')}",
+                  f"| WSSS / supervised, mean (min-max) | {spread('ratio', 3)} |{tail('ratio', 3)}"]
+    pc = res["per_class_iou"]
+    names = list(pc["ours"])
+    lines += ["", "## Per-class IoU (pseudo-labels)", "", "| class | CAM | CAM+CRF | ours |", "|---|---|---|---|"]
+    lines += [f"| {c} | {_f(pc['cam'].get(c), 3)} | {_f(pc['cam_crf'].get(c), 3)} | {_f(pc['ours'].get(c), 3)} |"
+              for c in names if any(pc[k].get(c) is not None for k in ("cam", "cam_crf", "ours"))]
+    if res.get("ablations"):
+        ref_r = res.get("ablation_round", res["final_round"])
+        ref = res.get("ablation_reference_miou", res["pseudo_label_miou"])
+        lines += ["", f"## Ablations (pseudo-label mIoU of round {ref_r} on {res['split']})", "",
+                  "| variant | what | mIoU | vs main |", "|---|---|---|---|",
+                  f"| main | as configured | {_f(ref)} | |"]
+        for name, a in res["ablations"].items():
+            m = a.get("pseudo_label_miou")
+            note = a.get("skipped") or a.get("error")
+            delta = "" if m is None or ref is None else f"{m - ref:+.4f}"
+            lines.append(f"| {name} | {a['what']}{' — ' + note if note else ''} | {_f(m)} | {delta} |")
+    if res.get("model_comparison"):
+        lines += ["", f"## Networks at the same budget (from scratch, evaluated on {res['eval_split']})", "",
+                  "| network | options | img/s | epochs | on pseudo-labels | on masks | ratio |",
+                  "|---|---|---|---|---|---|---|"]
+        for tag, c in res["model_comparison"].items():
+            lines.append(f"| {c['model']} | `{json.dumps(c['options'])}` | {c['measured_images_per_second']:.2f} | "
+                         f"{c['epochs']} ({c['budget_seconds']:.0f}s) | {_f(c['wsss']['miou'])} | "
+                         f"{_f(c['supervised']['miou'])} | {_f(c['wsss_over_supervised'], 3)} |")
+    if res.get("warnings"):
+        lines += ["", "Warnings:", ""] + [f"- {w}" for w in res["warnings"]]
+    lines += ["", f"Wall time {res['wall_seconds']:.0f}s ("
+              + ", ".join(f"{k} {v:.0f}s" for k, v in res["stage_seconds"].items()) + ")."]
+    return "\n".join(lines) + "\n"
+
+
+def write_quality_report(store: Store, res: dict, out: str | Path) -> dict:
+    """Write a bench result as ``out`` (JSON), with the overlay figure (``.png``: CAM, CAM + CRF
+    and the final round's labels of :func:`pick_overlay_records`'s images of the bench's split)
+    and the markdown table (``.md``) beside it; returns ``res`` with their names added."""
+    out = Path(out).resolve()
+    out.parent.mkdir(parents=True, exist_ok=True)
+    picks = pick_overlay_records(store.manifest(res["split"]))
+    overlay_figure(store, picks, [("CAM", 0, "cam"), ("CAM+CRF", 0, "cam_crf"),
+                                  (f"ours r{res['final_round']}", res["final_round"], "pseudo")],
+                   out.with_suffix(".png"))
+    res["figure"], res["table"] = str(out.with_suffix(".png")), str(out.with_suffix(".md"))
+    res["figure_images"] = [r.image_id for r in picks]
+    out.write_text(json.dumps(res, indent=1, default=float))
+    out.with_suffix(".md").write_text(markdown_report(res))
+    return res

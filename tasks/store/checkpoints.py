@@ -1,0 +1,184 @@
+"""Checkpoint files: the only code that calls ``torch.save`` and ``torch.load``.
+
+Every file is written atomically (a temporary file in the same folder, then a rename) and read
+with ``torch.load(weights_only=True)``: a checkpoint holds tensors and plain data (numbers,
+strings, lists, dicts), never code. A network is rebuilt from its checkpoint by a builder taken
+from the model registry (:func:`models.build_model`) by name, so a file cannot name a function to
+run either.
+
+Three kinds of file:
+
+* **model checkpoints** (:func:`save_model` / :func:`load_model`): weights plus how to rebuild
+  the network (registry name, class count, input channels, builder options) and free metadata;
+* **corpus classifiers** (:func:`save_classifier` / :func:`load_classifier`): the superpixel MIL
+  and proposal classifiers (:class:`tasks.proposal_classifier.ProposalMLP`), weights plus their
+  shape, and whatever plain data the trainer recorded (losses, changed shares);
+* **training state** (:class:`StateFile`): model, optimiser and schedule of an unfinished
+  training, written after every epoch so that a stopped training resumes.
+"""
+from __future__ import annotations
+
+import os
+import pickle
+import tempfile
+from pathlib import Path
+from typing import Any
+
+import torch
+from torch import nn
+
+#: builder references of checkpoints written before the registry knew every network by name
+LEGACY_BUILDERS = {"models.small:image_classifier": "image_classifier",
+                   "models.small:small_segnet": "small", "models.fusion_net:fusion_net": "fusion",
+                   "models.global_local:global_local": "global_local"}
+
+
+class CheckpointError(ValueError):
+    """A checkpoint file that cannot be used; the message names the file and the problem."""
+
+
+def _atomic_save(obj: Any, path: str | os.PathLike) -> Path:
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    os.close(fd)
+    try:
+        torch.save(obj, tmp)
+        os.replace(tmp, path)
+    finally:
+        if os.path.exists(tmp):
+            os.unlink(tmp)
+    return path
+
+
+def read_file(path: str | os.PathLike, device: str | torch.device = "cpu") -> dict:
+    """The plain content of a checkpoint file, loaded with ``weights_only=True``.
+
+    Raises
+    ------
+    CheckpointError
+        When the file is missing, cut short, not a torch file, or holds anything but tensors
+        and plain data (a pickled object or function is refused, never run).
+    """
+    path = Path(path)
+    if not path.is_file():
+        raise CheckpointError(f"{path}: no such checkpoint file")
+    try:
+        state = torch.load(path, map_location=device, weights_only=True)
+    except pickle.UnpicklingError as e:
+        first = str(e).strip().splitlines()[-1] if str(e).strip() else type(e).__name__
+        raise CheckpointError(f"{path}: refused: the file holds more than tensors and plain data, and "
+                              f"wsseg never runs code from a file ({first})") from None
+    except (OSError, RuntimeError, EOFError, ValueError, KeyError, IndexError) as e:
+        raise CheckpointError(f"{path}: not a readable checkpoint, truncated or not written by torch "
+                              f"({type(e).__name__}: {str(e).strip().splitlines()[0] if str(e).strip() else ''})") \
+            from None
+    if not isinstance(state, dict):
+        raise CheckpointError(f"{path}: not a wsseg checkpoint (a {type(state).__name__}, not a dict)")
+    return state
+
+
+# ---------------------------------------------------------------------------- networks
+def save_model(path: str | os.PathLike, model: nn.Module, *, builder: str, num_classes: int, in_channels: int,
+               options: dict | None = None, meta: dict | None = None) -> Path:
+    """A self-describing inference checkpoint: weights plus how to rebuild the network.
+
+    ``builder`` is a name of the model registry (:func:`models.available`)."""
+    import models
+
+    if builder not in models.available():
+        raise ValueError(f"builder {builder!r} is not a registered model; choose one of: "
+                         f"{', '.join(models.available())}")
+    state = {"builder": builder, "num_classes": int(num_classes), "in_channels": int(in_channels),
+             "options": dict(options or {}), "meta": dict(meta or {}),
+             "model": {k: v.detach().cpu() for k, v in model.state_dict().items()}}
+    return _atomic_save(state, path)
+
+
+def load_model(path: str | os.PathLike, device: str | torch.device = "cpu") -> tuple[nn.Module, dict]:
+    """Rebuild a network saved by :func:`save_model`; returns (model in eval mode, its state dict
+    of metadata). The builder comes from the registry by name, never from the file."""
+    import models
+
+    path = Path(path)
+    state = read_file(path, device)
+    if "builder" not in state or "model" not in state:
+        raise CheckpointError(f"{path}: not a wsseg model checkpoint (no 'builder' entry); pass a file "
+                              "written by `wsseg train`, `wsseg bench highres` or an MLflow run's model.pt")
+    name = LEGACY_BUILDERS.get(state["builder"], state["builder"])
+    if not isinstance(name, str) or name not in models.available():
+        raise CheckpointError(f"{path}: refused: its builder {state['builder']!r} is not a registered model "
+                              f"({', '.join(models.available())}); wsseg builds networks by name only")
+    try:
+        model = models.build_model(name, int(state["num_classes"]), in_channels=int(state["in_channels"]),
+                                   **dict(state.get("options") or {}))
+        model.load_state_dict(state["model"])
+    except (TypeError, ValueError, RuntimeError, KeyError) as e:
+        raise CheckpointError(f"{path}: its weights do not fit the {name!r} network it names "
+                              f"({str(e).splitlines()[0]})") from None
+    return model.to(device).eval(), state
+
+
+# ---------------------------------------------------------------------------- corpus classifiers
+def save_classifier(path: str | os.PathLike, model: nn.Module | None, **extra: Any) -> Path:
+    """A :class:`~tasks.proposal_classifier.ProposalMLP` (or None: no model) and plain data."""
+    spec = None
+    if model is not None:
+        spec = {"in_features": int(model.mean.numel()), "num_classes": int(model.num_classes),
+                "hidden": int(model.hidden), "state_dict": {k: v.detach().cpu() for k, v in model.state_dict().items()}}
+    return _atomic_save({"kind": "proposal_mlp", "model": spec, **extra}, path)
+
+
+def load_classifier(path: str | os.PathLike) -> dict:
+    """The content of :func:`save_classifier`'s file with ``model`` rebuilt (eval mode) or None."""
+    from tasks.proposal_classifier import ProposalMLP
+
+    path = Path(path)
+    state = read_file(path)
+    if state.get("kind") != "proposal_mlp":
+        raise CheckpointError(f"{path}: not a wsseg corpus classifier (no kind 'proposal_mlp')")
+    spec = state.get("model")
+    if spec is not None:
+        try:
+            model = ProposalMLP(spec["in_features"], spec["num_classes"], spec["hidden"])
+            model.load_state_dict(spec["state_dict"])
+        except (TypeError, KeyError, RuntimeError, ValueError) as e:
+            raise CheckpointError(f"{path}: corpus classifier weights do not fit ({str(e).splitlines()[0]})") \
+                from None
+        state["model"] = model.eval()
+    return state
+
+
+# ---------------------------------------------------------------------------- training state
+class StateFile:
+    """Where an unfinished training keeps its state between epochs (see :func:`tasks.training.fit`).
+
+    ``load()`` returns the saved dict or None (no file, or a damaged one: training then starts
+    over, and says so through ``on_damaged``); ``save(state)`` replaces it atomically."""
+
+    def __init__(self, path: str | os.PathLike):
+        self.path = Path(path)
+
+    def __repr__(self) -> str:
+        return f"StateFile({str(self.path)!r})"
+
+    def exists(self) -> bool:
+        return self.path.is_file()
+
+    def load(self, device: str | torch.device = "cpu") -> dict | None:
+        if not self.path.is_file():
+            return None
+        try:
+            return read_file(self.path, device)
+        except CheckpointError as e:
+            import sys
+
+            print(f"  [store] {e}; the training starts over", file=sys.stderr, flush=True)
+            self.clear()
+            return None
+
+    def save(self, state: dict) -> None:
+        _atomic_save(state, self.path)
+
+    def clear(self) -> None:
+        self.path.unlink(missing_ok=True)
