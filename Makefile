@@ -4,7 +4,7 @@ VENV   ?= .venv
 BIN     = $(VENV)/bin
 STAMP   = $(VENV)/.installed
 
-.PHONY: demo test install clean
+.PHONY: demo test install browser clean
 
 $(STAMP): pyproject.toml requirements.lock
 	$(PYTHON) -m venv $(VENV)
@@ -20,7 +20,19 @@ install: $(STAMP)
 demo: $(STAMP)
 	$(BIN)/wsseg demo
 
-test: $(STAMP)
+# the browser check of `wsseg ui` (tests/test_ui.py) drives Debian's chromium through playwright:
+# installed here when missing (as root, or with password-less sudo); where it cannot be, that
+# test fails and says so
+browser:
+	@command -v chromium >/dev/null 2>&1 || { \
+	  echo "installing chromium (Debian package) for tests/test_ui.py"; \
+	  if [ "$$(id -u)" = 0 ]; then SUDO=; elif sudo -n true 2>/dev/null; then SUDO="sudo -n"; else SUDO=none; fi; \
+	  if [ "$$SUDO" != none ] && command -v apt-get >/dev/null 2>&1 && \
+	     $$SUDO apt-get update -qq && DEBIAN_FRONTEND=noninteractive $$SUDO apt-get install -y -qq chromium >/dev/null; \
+	  then echo "chromium installed"; \
+	  else echo "could not install chromium (needs apt-get as root): tests/test_ui.py will fail" >&2; fi; }
+
+test: $(STAMP) browser
 	$(BIN)/python -m pytest -q
 
 clean:

@@ -1,12 +1,16 @@
-"""The ``wsseg`` command line.
+"""wsseg: pixel-accurate segmentation labels and models from image-level tags.
 
-    wsseg demo                      the whole method on the bundled 64-image sample
-    wsseg ingest SOURCE             a dataset folder (labels.csv or VOC layout) -> corpus store
-    wsseg train                     refresh rounds until convergence (flow train_wsss)
-    wsseg evaluate                  mIoU of pseudo-labels or of a model against the masks
-    wsseg bench quality|train|highres
-    wsseg segment IMAGE...          inference with a trained model, any image size
-    wsseg ui                        start the Prefect and MLflow UIs on 127.0.0.1 for a run dir
+  wsseg demo                   the whole method on the bundled 64-image sample
+  wsseg ingest SOURCE          a dataset folder (labels.csv or VOC layout) -> corpus store
+  wsseg train                  refresh rounds until convergence (flow train_wsss)
+  wsseg evaluate               mIoU of pseudo-labels or of a model against the masks
+  wsseg segment IMAGE...       label new images with a trained model, any image size
+  wsseg ui                     the Prefect and MLflow dashboards of a run directory, on 127.0.0.1
+  wsseg bench quality|train|highres
+                               benchmarks that print figures and write them as JSON
+
+Every command works in a run directory (--run-dir, default runs/default); `wsseg COMMAND --help`
+lists its options.
 """
 from __future__ import annotations
 
@@ -18,9 +22,20 @@ import time
 from pathlib import Path
 
 SAMPLE = Path(__file__).resolve().parent / "sample" / "msrc21"
+#: the run directory of every command that is not given --run-dir
+DEFAULT_RUN_DIR = "runs/default"
 
 
-def _common(p: argparse.ArgumentParser, default_run: str) -> None:
+def _version() -> str:
+    from importlib.metadata import PackageNotFoundError, version
+
+    try:
+        return version("wsseg")
+    except PackageNotFoundError:
+        return "unknown (not installed)"
+
+
+def _common(p: argparse.ArgumentParser, default_run: str = DEFAULT_RUN_DIR) -> None:
     p.add_argument("--run-dir", default=default_run,
                    help=f"run directory holding the corpus store, rounds, Prefect and MLflow state (default: {default_run})")
     p.add_argument("--workers", type=int, default=os.cpu_count() or 2,
@@ -32,7 +47,9 @@ def _common(p: argparse.ArgumentParser, default_run: str) -> None:
 
 def _config_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--rounds", type=int, default=None, help="round budget (default from the config: 3)")
-    p.add_argument("--model", default=None, help="segmentation network from the registry (small, fusion, global_local)")
+    p.add_argument("--network", "--model", dest="network", default=None, metavar="NAME",
+                   help="segmentation network from the registry: small, fusion or global_local (default: the "
+                        "config's, small); --model is an alias")
     p.add_argument("--backbone-weights", nargs="+", default=None, metavar="NAME=PATH",
                    help="torchvision ImageNet checkpoints for the fusion model, e.g. resnet50=r50.pth "
                         "mobilenet_v2=mnv2.pth (loaded with torch.load(weights_only=True))")
@@ -66,8 +83,8 @@ def build_config(args, base: dict | None = None):
         node[parts[-1]] = parsed
     if getattr(args, "rounds", None):
         data["max_rounds"] = args.rounds
-    if getattr(args, "model", None):
-        data.setdefault("segmentation", {})["model"] = args.model
+    if getattr(args, "network", None):
+        data.setdefault("segmentation", {})["model"] = args.network
     if getattr(args, "backbone_weights", None):
         weights = {}
         for item in args.backbone_weights:
@@ -113,10 +130,10 @@ def print_rounds(rows: list[dict], stream=sys.stdout) -> None:
 
 
 def print_where(run_dir: Path, stream=sys.stdout) -> None:
-    print(f"\nPrefect runs:  {run_dir / '.prefect'} (PREFECT_HOME); UI: `wsseg ui --run-dir {run_dir}` "
-          f"or PREFECT_HOME={run_dir / '.prefect'} prefect server start --host 127.0.0.1", file=stream)
-    print(f"MLflow runs:   sqlite:///{run_dir / 'mlflow.db'}; UI: mlflow ui --host 127.0.0.1 "
-          f"--backend-store-uri sqlite:///{run_dir / 'mlflow.db'}", file=stream)
+    print(f"\nDashboards:    wsseg ui --run-dir {run_dir}   (Prefect flow runs with their logs and artifacts on "
+          f"http://127.0.0.1:4200, MLflow runs, metrics, overlays and models on http://127.0.0.1:5000)", file=stream)
+    print(f"Run state:     {run_dir / '.prefect'} (PREFECT_HOME), sqlite:///{run_dir / 'mlflow.db'} (MLflow)",
+          file=stream)
 
 
 # ---------------------------------------------------------------------------- commands
@@ -161,7 +178,10 @@ def cmd_train(args, base: dict | None = None) -> int:
     config = build_config(args, base)
     run = Path(args.run_dir).resolve()
     with dask_cluster(args.dask_address, args.workers, run) as address:
-        s = on_cluster(train_wsss, address)(str(run), config, address)
+        s = on_cluster(train_wsss, address)(str(run), config, address, model_name=args.register)
+    if args.json:
+        print(json.dumps(s, default=str))
+        return 0
     print()
     print_rounds(s["rounds"])
     print(f"\nconverged: {s['converged']}; {len(s['rounds']) - 1} round(s) on {s['images']} images in "
@@ -183,7 +203,7 @@ def cmd_demo(args) -> int:
     print(f"wsseg demo: {SAMPLE} -> {run}", flush=True)
     with dask_cluster(args.dask_address, args.workers, run) as address:
         on_cluster(ingest, address)(str(SAMPLE), str(run), 16, False, "auto")
-        s = on_cluster(train_wsss, address)(str(run), config, address)
+        s = on_cluster(train_wsss, address)(str(run), config, address, model_name=args.register)
     print("\npseudo-label quality on the sample (tags only for training; masks only for this table):")
     print_rounds(s["rounds"])
     print(f"\nconverged: {s['converged']}; total wall time {time.perf_counter() - t0:.0f}s; "
@@ -200,8 +220,10 @@ def cmd_evaluate(args) -> int:
     from flows.wsss import evaluate
 
     with dask_cluster(args.dask_address, args.workers, Path(args.run_dir)) as address:
-        res = on_cluster(evaluate, address)(str(Path(args.run_dir).resolve()), args.round,
-                                                                 args.split, args.source)
+        res = on_cluster(evaluate, address)(str(Path(args.run_dir).resolve()), args.round, args.split, args.source)
+    if args.json:
+        print(json.dumps(res))
+        return 0
     gate = (f" (gated by the image classifier; ungated {res['ungated_miou']:.4f})"
             if res.get("gated") else "")
     print(f"round {res['round']} {args.source} on {args.split}: mIoU {res['miou']:.4f}, "
@@ -212,47 +234,40 @@ def cmd_evaluate(args) -> int:
 
 
 def cmd_ui(args) -> int:
-    import subprocess
+    from flows.ui import serve
 
-    run = Path(args.run_dir).resolve()
-    env = dict(os.environ, PREFECT_HOME=str(run / ".prefect"), PREFECT_SERVER_ANALYTICS_ENABLED="false",
-               MLFLOW_DISABLE_TELEMETRY="true", MLFLOW_SERVER_ENABLE_JOB_EXECUTION="false")
-    procs = [
-        subprocess.Popen([sys.executable, "-m", "prefect", "server", "start", "--host", "127.0.0.1",
-                          "--port", str(args.prefect_port)], env=env),
-        subprocess.Popen([sys.executable, "-m", "mlflow", "server", "--host", "127.0.0.1", "--port",
-                          str(args.mlflow_port), "--workers", "1", "--backend-store-uri",
-                          f"sqlite:///{run / 'mlflow.db'}"], env=env),
-    ]
-    print(f"Prefect UI: http://127.0.0.1:{args.prefect_port}   MLflow UI: http://127.0.0.1:{args.mlflow_port}"
-          "   (Ctrl-C stops both)")
-    try:
-        for p in procs:
-            p.wait()
-    except KeyboardInterrupt:
-        for p in procs:
-            p.terminate()
-    return 0
+    return serve(args.run_dir, args.prefect_port, args.mlflow_port, timeout=args.timeout)
+
+
+def _register_arg(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--register", metavar="NAME", default=None,
+                   help="register the final model (logged in the MLflow parent run as an MLflow pytorch model) "
+                        "as a new version of the MLflow registered model NAME; load it with "
+                        "mlflow.pyfunc.load_model('models:/NAME/<version>')")
 
 
 def parser() -> argparse.ArgumentParser:
     ap = argparse.ArgumentParser(prog="wsseg", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    sub = ap.add_subparsers(dest="command", required=True)
+    ap.add_argument("--version", action="version", version=f"wsseg {_version()}",
+                    help="print the installed version and exit")
+    sub = ap.add_subparsers(dest="command", required=True, metavar="COMMAND")
 
     p = sub.add_parser("demo", help="ingest the bundled sample and run refresh rounds on it",
                        description="Ingest the bundled 64-image MSRC-21 sample, run refresh rounds until convergence "
                                    "or 3 rounds, print per-round pseudo-label mIoU (masks used only to measure) "
                                    "and write summary.json.")
-    _common(p, "runs/demo")
+    _common(p)
     _config_args(p)
+    _register_arg(p)
     p.set_defaults(func=cmd_demo)
 
     p = sub.add_parser("ingest", help="a dataset folder -> corpus store",
                        description="Ingest a folder with images/ + labels.csv (image_id,labels[,split]; tags "
                                    "separated by ';'), optional classes.txt, masks/ and <split>.txt, or a PASCAL VOC "
                                    "layout, into the run directory's corpus store.")
-    p.add_argument("source", type=Path)
-    p.add_argument("--shard-size", type=int, default=32)
+    p.add_argument("source", type=Path, help="the dataset folder: images/ + labels.csv, or a PASCAL VOC layout")
+    p.add_argument("--shard-size", type=int, default=32,
+                   help="images per ingest task (each task decodes, hashes and stores its images; default 32)")
     p.add_argument("--skip-invalid", action="store_true",
                    help="ingest every valid image and skip each listed image with a problem (bad row, tag, id, "
                         "duplicate, header, link, decoding, mask) instead of failing; corpus/ingest_report.json "
@@ -271,30 +286,42 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--alpha-background", default=None,
                    help="colour that images with transparent pixels are composited on: a name, #rrggbb or "
                         "r,g,b (default white); each composited image is noted in the report")
-    _common(p, "runs/default")
+    _common(p)
     p.set_defaults(func=cmd_ingest)
 
     p = sub.add_parser("train", help="refresh rounds until convergence (flow train_wsss)",
                        description="Run refresh rounds on the ingested corpus until the changed-pixel share falls "
                                    "under epsilon or the round budget ends. Re-running resumes a stopped run.")
-    _common(p, "runs/default")
+    _common(p)
     _config_args(p)
+    _register_arg(p)
+    p.add_argument("--json", action="store_true", help="print the summary as one JSON object (for scripts)")
     p.set_defaults(func=cmd_train)
 
     p = sub.add_parser("evaluate", help="mIoU against the ground-truth masks")
-    _common(p, "runs/default")
-    p.add_argument("--round", type=int, default=None, help="round to evaluate (default: the last)")
-    p.add_argument("--split", default="train")
+    _common(p)
+    p.add_argument("--round", type=int, default=None, help="round to evaluate (default: the last finished one)")
+    p.add_argument("--split", default="train", help="split of the corpus to measure on (default train)")
+    p.add_argument("--json", action="store_true", help="print the result as one JSON object (for scripts)")
     p.add_argument("--source", choices=["pseudo", "cam", "model"], default="pseudo",
                    help="pseudo: the round's labels; cam: round 0's CAM labels; model: the round's segmenter on "
                         "the split, gated by the image classifier when the run's inference.gate is on (the "
                         "default; the ungated figure is printed beside it)")
     p.set_defaults(func=cmd_evaluate)
 
-    p = sub.add_parser("ui", help="start the Prefect and MLflow UIs on 127.0.0.1")
-    p.add_argument("--run-dir", default="runs/demo")
-    p.add_argument("--prefect-port", type=int, default=4200)
-    p.add_argument("--mlflow-port", type=int, default=5000)
+    p = sub.add_parser("ui", help="start the Prefect and MLflow UIs on 127.0.0.1 for a run dir",
+                       description="Start the Prefect dashboard (flow and task runs, their logs and artifacts "
+                                   "such as the round tables) and the MLflow UI (parameters, metrics, overlay "
+                                   "pictures, checkpoints) of one run directory, both on 127.0.0.1; their URLs "
+                                   "are printed once they answer. Ctrl-C or SIGTERM stops both. The servers' "
+                                   "own output goes to RUN_DIR/.ui/prefect.log and mlflow.log.")
+    p.add_argument("--run-dir", default=DEFAULT_RUN_DIR,
+                   help=f"run directory whose Prefect (RUN_DIR/.prefect) and MLflow (RUN_DIR/mlflow.db) state "
+                        f"to show (default: {DEFAULT_RUN_DIR})")
+    p.add_argument("--prefect-port", type=int, default=4200, help="port of the Prefect dashboard (default 4200)")
+    p.add_argument("--mlflow-port", type=int, default=5000, help="port of the MLflow UI (default 5000)")
+    p.add_argument("--timeout", type=float, default=300.0,
+                   help="seconds to wait for both servers to answer before giving up (default 300)")
     p.set_defaults(func=cmd_ui)
 
     bench = sub.add_parser("bench", help="benchmarks that print and write figures").add_subparsers(
@@ -330,6 +357,14 @@ def precheck(args) -> None:
         raise ValueError(f"{args.run_dir}: no finished round yet; run `wsseg train --run-dir {args.run_dir}` first")
     if name == "ingest" and not Path(args.source).is_dir():
         raise ValueError(f"{args.source}: no such source folder")
+    if name == "segment":  # a missing, damaged or untrusted checkpoint is refused before any flow starts
+        from tasks.store import files, read_file
+
+        read_file(files.resolve_checkpoint(args.model))
+        missing = [p for p in args.inputs if not Path(p).is_file()]
+        if missing:
+            raise ValueError(f"{missing[0]}: no such image file" + (f" (and {len(missing) - 1} more)"
+                                                                   if len(missing) > 1 else ""))
 
 
 def _remove_if_scaffolding(run_dir: Path) -> None:
@@ -344,8 +379,20 @@ def _remove_if_scaffolding(run_dir: Path) -> None:
         shutil.rmtree(run_dir, ignore_errors=True)
 
 
+def announce(args, stream=None) -> None:
+    """The first line, before anything slow: what this command is about to start."""
+    name = command_name(args)
+    where = f" in {args.run_dir}" if getattr(args, "run_dir", None) else ""
+    cluster = ""
+    if hasattr(args, "dask_address") and name not in ("ui",):
+        cluster = (f"; shard tasks on the Dask cluster at {args.dask_address}" if args.dask_address else
+                   f"; starting a Prefect API and a local Dask cluster of {args.workers} workers")
+    print(f"wsseg {name}{where}: checking the input{cluster} ...", file=stream or sys.stderr, flush=True)
+
+
 def main(argv: list[str] | None = None) -> int:
     args = parser().parse_args(argv)
+    announce(args)
     verbose = getattr(args, "verbose", False)
     run_dir = Path(args.run_dir) if getattr(args, "run_dir", None) else None
     existed = run_dir is not None and run_dir.exists()
@@ -416,6 +463,7 @@ def _add_bench_quality_parser(bench) -> argparse.ArgumentParser:
                    help="implicit background class name, 'none', or 'auto' (first class named background)")
     _common(p, "runs/bench-quality")
     _config_args(p)
+    p.add_argument("--json", action="store_true", help="print the result as one JSON object (for scripts)")
     p.set_defaults(func=cmd_bench_quality)
     return p
 
@@ -443,6 +491,9 @@ def cmd_bench_quality(args) -> int:
             dask_address=address, background=None if args.background == "none" else args.background,
             compare=args.compare_models, compare_seconds=args.compare_seconds,
             ablate_rounds=args.ablate_rounds, model_seeds=args.model_seeds)
+    if args.json:
+        print(json.dumps(res, default=str))
+        return 0
     print()
     print(markdown_report(res))
     print(f"table:  {res['table']}\nfigure: {res['figure']}")
@@ -514,13 +565,15 @@ def cmd_bench_highres(args) -> int:
     try:
         with prefect_api() as ready:
             ready()
-            bench_highres(str(args.data), args.split, str(args.out), train_n=args.train_n, eval_n=args.eval_n,
+            res = bench_highres(str(args.data), args.split, str(args.out), train_n=args.train_n, eval_n=args.eval_n,
                           patch_size=args.patch_size, scale=args.scale, steps=args.steps, batch=args.batch,
                           lr=args.lr, width=args.width, overlap=args.overlap, balanced=args.balanced, seed=args.seed,
                           threads=args.threads, device=args.device)
     except ValueError as e:
         print(f"wsseg bench highres: error: {e}", file=sys.stderr)
         return 2
+    if args.json:
+        print(json.dumps(res, default=str))
     return 0
 
 
@@ -552,6 +605,7 @@ def _add_bench_highres_parser(bench) -> argparse.ArgumentParser:
     p.add_argument("--seed", type=int, default=0, help="random seed (default 0)")
     p.add_argument("--threads", type=int, default=2, help="torch CPU threads (default 2)")
     p.add_argument("--device", default="cpu", help="torch device (default cpu)")
+    p.add_argument("--json", action="store_true", help="print the result as one JSON object (for scripts)")
     p.set_defaults(func=cmd_bench_highres)
     return p
 
@@ -569,9 +623,12 @@ def cmd_bench_train(args) -> int:
         raise ValueError(f"--options must be a JSON object, e.g. '{{\"width\": 0.25}}'; got {args.options!r}")
     with prefect_api() as ready:
         ready()
-        r = bench_train(args.model, str(args.out), size=args.size, batch=args.batch, steps=args.steps,
+        r = bench_train(args.network, str(args.out), size=args.size, batch=args.batch, steps=args.steps,
                         warmup=args.warmup, workers=args.workers, threads=args.threads or None, options=options,
                         run_dir=str(args.run_dir), device=args.device, data=str(args.data), seed=args.seed)
+    if args.json:
+        print(json.dumps(r, default=str))
+        return 0
     print(format_summary(r))
     print(Path(args.out).resolve())
     return 0
@@ -587,7 +644,8 @@ def _add_bench_train_parser(bench) -> argparse.ArgumentParser:
                     "labels) and report steady-state images/s, the share of time waiting for the loader, peak "
                     "RSS of the process and its loader workers, device, threads and parameter count. "
                     "Prints a summary and writes --out (JSON).")
-    p.add_argument("--model", required=True, help="registry name: small, fusion, global_local")
+    p.add_argument("--network", "--model", dest="network", required=True, metavar="NAME",
+                   help="network from the registry: small, fusion or global_local; --model is an alias")
     p.add_argument("--out", required=True, type=Path, help="result JSON file")
     p.add_argument("--size", type=int, default=256, help="square crop side in pixels (default 256)")
     p.add_argument("--batch", type=int, default=8, help="images per step (default 8)")
@@ -602,8 +660,9 @@ def _add_bench_train_parser(bench) -> argparse.ArgumentParser:
     p.add_argument("--run-dir", default="runs/bench-train",
                    help="run directory holding the corpus store and feature cache (default: runs/bench-train)")
     p.add_argument("--device", default="auto", help="auto (CUDA when present, else CPU), cpu or cuda")
-    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--seed", type=int, default=0, help="random seed of the network and the batches (default 0)")
     p.add_argument("--verbose", action="store_true", help="tracebacks instead of one-line errors")
+    p.add_argument("--json", action="store_true", help="print the result as one JSON object (for scripts)")
     p.set_defaults(func=cmd_bench_train)
     return p
 

@@ -13,6 +13,7 @@ Import this module only after :func:`flows.runtime.prepare` has set the environm
 """
 from __future__ import annotations
 
+import sys
 import time
 from pathlib import Path
 
@@ -69,7 +70,7 @@ def bench_highres(data: str, split: str, out: str, train_n: int = 12, eval_n: in
         torch.set_num_threads(threads)
     d = hr.load_bench_data(data, split, train_n=train_n, eval_n=eval_n, scale=scale)
     print(f"highres: {len(d.train_ids)} training / {len(d.eval_ids)} evaluation images at {d.images[0].shape[1]}x"
-          f"{d.images[0].shape[0]} (scale {scale}), patch {patch_size}, {steps} steps x {batch}", flush=True)
+          f"{d.images[0].shape[0]} (scale {scale}), patch {patch_size}, {steps} steps x {batch}", file=sys.stderr, flush=True)
     options = dict(patch_size=patch_size, width=width, blocks=tuple(blocks))
     results: dict = {"train_ids": d.train_ids, "eval_ids": d.eval_ids, "scale": scale, "patch_size": patch_size,
                      "steps": steps, "batch": batch, "width": width, "blocks": list(blocks), "overlap": overlap,
@@ -87,7 +88,8 @@ def bench_highres(data: str, split: str, out: str, train_n: int = 12, eval_n: in
                                              batch=batch, threads=threads or torch.get_num_threads()))
     results.update({"overlay_png": overlay.name, "checkpoint": ckpt.name})
     print(f"  memory of `wsseg segment`: peak {results['peak_mem_mb_1x']} MB / {results['peak_mem_mb_2x']} MB "
-          f"(2x side), ratio {results['peak_mem_ratio_2x']}; {results['mpix_per_s']} Mpx/s", flush=True)
+          f"(2x side), ratio {results['peak_mem_ratio_2x']}; {results['mpix_per_s']} Mpx/s", file=sys.stderr,
+          flush=True)
     results["wall_seconds"] = round(time.perf_counter() - t_start, 1)
     path = files.write_json(out, results)
     tracker = Tracker(Path(out).parent)
@@ -98,5 +100,5 @@ def bench_highres(data: str, split: str, out: str, train_n: int = 12, eval_n: in
                              ("scale", "patch_size", "steps", "batch", "width", "overlap", "threads", "seed")})
         for artifact in (path, overlay):
             tracker.log_artifact(artifact)
-    print(f"highres: wrote {path} ({results['wall_seconds']} s)", flush=True)
+    print(f"highres: wrote {path} ({results['wall_seconds']} s)", file=sys.stderr, flush=True)
     return results

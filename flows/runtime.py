@@ -2,7 +2,8 @@
 
 ``prepare(run_dir)`` must run before prefect is imported: it points PREFECT_HOME, Dask's
 scratch space and MLflow at the run directory, switches analytics and telemetry off, and keeps
-Prefect's console logging quiet (our own progress lines are the terminal's view).
+Prefect's console logging quiet (our own progress lines are the terminal's view) while the flow
+and task runs' INFO records (those progress lines too) reach the Prefect API.
 """
 from __future__ import annotations
 
@@ -19,8 +20,14 @@ def prepare(run_dir: str | os.PathLike, *, verbose: bool = False) -> Path:
     env = {
         "PREFECT_HOME": str(run / ".prefect"),
         "PREFECT_SERVER_ANALYTICS_ENABLED": "false",
-        "PREFECT_LOGGING_LEVEL": "INFO" if verbose else "WARNING",
+        # Flow and task run loggers pass INFO on, so that the API handler sends each run's log
+        # records (our progress lines among them) to Prefect, where the dashboard shows them;
+        # the console handler (overriding logging.yml's handlers.console.level) keeps the
+        # terminal at warnings unless --verbose, so the terminal shows only our own lines.
+        "PREFECT_LOGGING_LEVEL": "INFO",
+        "PREFECT_LOGGING_HANDLERS_CONSOLE_LEVEL": "INFO" if verbose else "WARNING",
         "PREFECT_SERVER_LOGGING_LEVEL": "WARNING",
+        # the commands' own local API servers need no dashboard (`wsseg ui` starts one with it)
         "PREFECT_UI_ENABLED": "false",
         "DASK_TEMPORARY_DIRECTORY": str(run / "dask-scratch"),
         "DASK_DISTRIBUTED__WORKER__DAEMON": "false",

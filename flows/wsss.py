@@ -27,7 +27,7 @@ from tasks.classifier import train_image_classifier
 from tasks.config import WSSSConfig, config_difference
 from tasks.feature_cache import FEATURE_STAGE, feature_key
 from tasks.progress import Progress
-from tasks.report import overlay_grid
+from tasks.report import overlay_grid, pick_overlay_records
 from tasks.segmenter import converged_at, final_model_config, train_segmenter
 from tasks.store import ImageRecord, Store
 from tasks.summary import label_shares, markdown_table, row, source_scores
@@ -235,23 +235,27 @@ def report_round(store: Store, r: int, records: list[ImageRecord], config: WSSSC
     tracker.log_metrics({k: summary[k] for k in ("pseudo_label_miou", "changed_share", "ignore_share",
                                                  "wall_seconds")}, step=r)
     pic = store.round_dir(r) / "overlay.png"
-    overlay_grid(store, records[:6], [("pseudo-label", r, "pseudo")] + ([("CAM", 0, "cam")] if r == 0 else []), pic)
+    overlay_grid(store, pick_overlay_records(records, with_mask=False),
+                 [("pseudo-label", r, "pseudo")] + ([("CAM", 0, "cam")] if r == 0 else []), pic)
     tracker.log_artifact(pic, "overlays")
     if store.has_checkpoint("segmenter", r):
         tracker.log_artifact(store.checkpoint_path("segmenter", r), "checkpoint")
     create_markdown_artifact(key=f"round-{r}", markdown=markdown_table([row(summary)]) +
-                             f"\n\nMLflow run: `{run_id}`", description=f"refresh round {r}")
+                             (f"\n\nMLflow run: [`{run_id}`]({tracker.run_url(run_id)})" if run_id
+                              else "\n\nMLflow run: not recorded"), description=f"refresh round {r}")
     return summary
 
 
 # ============================================================================ the whole training
 @flow(name="train_wsss")
 def train_wsss(run_dir: str, config: WSSSConfig = WSSSConfig(), dask_address: str | None = None,
-               final_model: bool = True) -> dict:
+               final_model: bool = True, model_name: str | None = None) -> dict:
     """Refresh rounds until the pseudo-labels stop changing (share < epsilon) or the budget ends.
 
     ``final_model=False``: the last round stops after its pseudo-labels (no segmentation model is
-    trained on them), for label-only runs such as the bench's ablations."""
+    trained on them), for label-only runs such as the bench's ablations. The final model is
+    logged in the parent MLflow run as an MLflow model (``model``), and registered as a new
+    version of the registered model ``model_name`` when that is given."""
     t0 = time.perf_counter()
     store = Store(run_dir)
     check_config(store, config)
@@ -281,15 +285,25 @@ def train_wsss(run_dir: str, config: WSSSConfig = WSSSConfig(), dask_address: st
                 break
         last = int(rows[-1]["round"])
         final = store.checkpoint_path("segmenter", last) if store.has_checkpoint("segmenter", last) else None
+        logged = None
         if final is not None:
             tracker.log_artifact(final, "final_model")
+            net, spec = store.read_model("segmenter", last)
+            logged = tracker.log_model(net, "model", in_channels=spec["in_channels"],
+                                       num_classes=spec["num_classes"], register=model_name)
         tracker.log_metrics({"final_pseudo_label_miou": rows[-1]["pseudo_label_miou"], "rounds": len(rows) - 1})
         summary = {"run_dir": str(store.root), "rounds": rows, "converged": converged,
                    "final_model": str(final) if final is not None else None,
                    "mlflow_parent_run_id": parent_id, "wall_seconds": time.perf_counter() - t0,
                    "feature_key": key, "images": len(records)}
+        if logged is not None:
+            summary["mlflow_model"] = logged
+        url = tracker.run_url(parent_id)
+        link = f"[`{parent_id}`]({url})" if url else f"`{parent_id}`"
+        registered = (f"\n\nRegistered model: `{model_name}` version {logged['registered_version']}"
+                      if logged and logged.get("registered_version") is not None else "")
         create_markdown_artifact(key="train-wsss", markdown=markdown_table(rows) +
-                                 f"\n\nMLflow parent run: `{parent_id}`", description="pseudo-label rounds")
+                                 f"\n\nMLflow parent run: {link}" + registered, description="pseudo-label rounds")
     store.write_summary(summary)
     return summary
 

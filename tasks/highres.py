@@ -45,6 +45,11 @@ VARIANTS = (("global_local", True, "patches", False), ("patch_only", False, "pat
             ("downsampled", False, "downsampled", True))
 
 
+def _say(line: str) -> None:
+    """Progress of the benchmark on stderr (stdout is for its result, see ``--json``)."""
+    print(line, file=sys.stderr, flush=True)
+
+
 # ---------------------------------------------------------------------------------------
 # data
 # ---------------------------------------------------------------------------------------
@@ -343,7 +348,7 @@ def load_bench_data(data_dir: str | os.PathLike, split: str, *, train_n: int, ev
 
 def train_variant(name: str, data: BenchData, *, use_global: bool, downsampled: bool, options: dict, steps: int,
                   batch: int, lr: float, seed: int, device: str, balanced: float,
-                  class_weights: Sequence[float] | None, log: Callable[[str], None] = print):
+                  class_weights: Sequence[float] | None, log: Callable[[str], None] = _say):
     """Build (seeded) and train one variant; returns (model, {"<name>_train_seconds", "<name>_final_loss"})."""
     import cv2
     import torch
@@ -368,7 +373,7 @@ def train_variant(name: str, data: BenchData, *, use_global: bool, downsampled: 
 
 
 def evaluate_variant(name: str, model, data: BenchData, *, mode: str, overlap: int, batch: int, device: str,
-                     log: Callable[[str], None] = print) -> tuple[list[np.ndarray], dict]:
+                     log: Callable[[str], None] = _say) -> tuple[list[np.ndarray], dict]:
     """Predictions at full resolution on the evaluation images and their pooled vessel IoU / F1."""
     t = time.perf_counter()
     preds = []

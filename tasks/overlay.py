@@ -1,6 +1,8 @@
 """Pictures where looking beats reading: label maps coloured over their images, in grids."""
 from __future__ import annotations
 
+from typing import Sequence
+
 import cv2
 import numpy as np
 
@@ -40,21 +42,79 @@ def overlay(image: np.ndarray, label: np.ndarray, *, alpha: float = 0.55) -> np.
     return np.clip(out, 0, 255).astype(np.uint8)
 
 
-def grid(rows: list[list[tuple[str, np.ndarray]]], *, cell_height: int = 160) -> np.ndarray:
-    """Tile titled RGB panels into one (H, W, 3) uint8 picture, one list per row."""
+FONT = cv2.FONT_HERSHEY_SIMPLEX
+
+
+def _title_bar(title: str, width: int, *, height: int = 18, max_scale: float = 0.42) -> np.ndarray:
+    """A white bar with ``title`` in black, the font shrunk (down to 0.3) and then the text cut
+    with '...' so that it fits ``width`` pixels."""
+    bar = np.full((height, width, 3), 255, np.uint8)
+    scale = max_scale
+    while scale > 0.3 and cv2.getTextSize(title, FONT, scale, 1)[0][0] > width - 6:
+        scale -= 0.02
+    text = title
+    while len(text) > 1 and cv2.getTextSize(text, FONT, scale, 1)[0][0] > width - 6:
+        text = text[:-2] + "~" if not text.endswith("~") else text[:-3] + "~"
+    cv2.putText(bar, text, (3, height - 5), FONT, scale, (0, 0, 0), 1, cv2.LINE_AA)
+    return bar
+
+
+def legend(names: Sequence[str], class_ids: Sequence[int], width: int, *, swatch: int = 14) -> np.ndarray:
+    """(h, width, 3) uint8 key of the colours of ``class_ids`` (names from ``names``), wrapped onto
+    as many lines as the width needs; 255 is shown as 'ignore'."""
+    pal = palette()
+    entries = [(("ignore" if c == 255 else (names[c] if c < len(names) else str(c))), pal[c]) for c in class_ids]
+    line_h = swatch + 8
+    lines: list[list[tuple[int, str, np.ndarray]]] = [[]]
+    x = 4
+    for name, colour in entries:
+        w = swatch + 6 + cv2.getTextSize(name, FONT, 0.42, 1)[0][0] + 12
+        if lines[-1] and x + w > width:
+            lines.append([])
+            x = 4
+        lines[-1].append((x, name, colour))
+        x += w
+    out = np.full((line_h * len(lines) + 4, width, 3), 255, np.uint8)
+    for k, line in enumerate(lines):
+        y = 4 + k * line_h
+        for x, name, colour in line:
+            cv2.rectangle(out, (x, y), (x + swatch, y + swatch), tuple(int(v) for v in colour), -1)
+            cv2.rectangle(out, (x, y), (x + swatch, y + swatch), (0, 0, 0), 1)
+            cv2.putText(out, name, (x + swatch + 6, y + swatch - 2), FONT, 0.42, (0, 0, 0), 1, cv2.LINE_AA)
+    return out
+
+
+def with_legend(picture: np.ndarray, names: Sequence[str], *labels: np.ndarray) -> np.ndarray:
+    """``picture`` with a colour key of the classes that occur in ``labels`` below it."""
+    present = sorted(set().union(*(np.unique(lab).tolist() for lab in labels)))
+    return np.concatenate([picture, legend(names, present, picture.shape[1])], 0)
+
+
+def grid(rows: list[list[tuple[str, np.ndarray]]], *, width: int | None = None, cell_height: int = 160,
+         gap: int = 4) -> np.ndarray:
+    """Tile titled RGB panels into one (H, W, 3) uint8 picture, one list per row.
+
+    Every row is scaled to the same total ``width`` (default: the widest row at ``cell_height``),
+    so rows of portrait photos are taller instead of leaving empty space; titles are shrunk or
+    cut to fit their panel."""
+    def natural(row):
+        return sum(img.shape[1] * cell_height / img.shape[0] for _, img in row)
+
+    width = width or int(max(natural(row) + gap * len(row) for row in rows))
     lines = []
     for row in rows:
-        panels = []
-        for title, img in row:
+        avail = width - gap * len(row)
+        height = max(1, int(round(cell_height * avail / natural(row))))
+        panels, used = [], 0
+        for k, (title, img) in enumerate(row):
             h, w = img.shape[:2]
-            im = cv2.resize(img, (max(1, int(w * cell_height / h)), cell_height), interpolation=cv2.INTER_NEAREST)
-            bar = np.full((18, im.shape[1], 3), 255, np.uint8)
-            cv2.putText(bar, title[:40], (3, 13), cv2.FONT_HERSHEY_SIMPLEX, 0.42, (0, 0, 0), 1, cv2.LINE_AA)
-            panels.append(np.concatenate([bar, im], 0))
-            panels.append(np.full((cell_height + 18, 4, 3), 255, np.uint8))
+            pw = max(1, int(round(w * height / h))) if k < len(row) - 1 else max(1, avail - used)
+            used += pw
+            im = cv2.resize(img, (pw, height), interpolation=cv2.INTER_NEAREST)
+            panels.append(np.concatenate([_title_bar(title, pw), im], 0))
+            panels.append(np.full((height + 18, gap, 3), 255, np.uint8))
         lines.append(np.concatenate(panels, 1))
-    width = max(l.shape[1] for l in lines)
-    lines = [np.pad(l, ((0, 4), (0, width - l.shape[1]), (0, 0)), constant_values=255) for l in lines]
+        lines.append(np.full((gap, lines[-1].shape[1], 3), 255, np.uint8))
     return np.concatenate(lines, 0)
 
 

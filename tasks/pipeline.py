@@ -41,6 +41,19 @@ def gate_probs(prob: np.ndarray, class_probs: np.ndarray, object_classes: Sequen
     return restrict(prob * gate[:, None, None], np.ones(prob.shape[0], bool))
 
 
+def trained_classes_only(prob: np.ndarray, state: dict) -> np.ndarray:
+    """(K, H, W) probabilities of a segmenter restricted (renormalised) to the classes its training
+    images were tagged with (checkpoint meta ``trained_classes``, plus an implicit background): a
+    class it never saw a tag of is no answer on a user's image. Unchanged when the checkpoint
+    does not say, or when every class was tagged."""
+    trained = state.get("meta", {}).get("trained_classes")
+    if trained is None or len(set(trained)) >= prob.shape[0]:
+        return prob
+    allowed = np.zeros(prob.shape[0], bool)
+    allowed[np.asarray(trained, int)] = True
+    return restrict(prob, allowed)
+
+
 class ClassifierGate:
     """A run's image classifier applied to untagged images: ``gate(prob, image)`` is
     :func:`gate_probs` with the classifier's class probabilities at ``scales``.
@@ -305,7 +318,7 @@ def evaluate_shard(run_dir: str, ids: list[str], sources: list[list], model: dic
             if a == "model":
                 image = store.image(rec.image_id)
                 edges = load_edges(store, rec, key) if state["in_channels"] == 4 else None
-                prob = tr.predict_probs(net, image, edges)
+                prob = trained_classes_only(tr.predict_probs(net, image, edges), state)
                 if gate is not None:
                     accs[f"model_ungated:{b}"].update(prob.argmax(0).astype(np.uint8), gt)
                     prob = gate(prob, image)

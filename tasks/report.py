@@ -13,16 +13,17 @@ from pathlib import Path
 import numpy as np
 
 from tasks.metrics import confusion_matrix, iou_from_confusion
-from tasks.overlay import grid, overlay, write_png
+from tasks.overlay import grid, legend, overlay, write_png
 from tasks.store import ImageRecord, Store
 
 
 def overlay_grid(store: Store, records: list[ImageRecord], sources: list[tuple[str, int, str]], out: Path) -> Path:
     """One row per image: the image, each label source over it, and the ground truth if any.
 
-    ``sources``: (title, round, stored label name) triples.
+    ``sources``: (title, round, stored label name) triples. A colour key of the classes shown
+    is drawn below.
     """
-    rows = []
+    rows, present = [], set()
     for rec in records:
         image = store.image(rec.image_id)
         row = [(f"{rec.image_id}: {', '.join(rec.tags)}", image)]
@@ -34,22 +35,31 @@ def overlay_grid(store: Store, records: list[ImageRecord], sources: list[tuple[s
         if gt is not None:
             row.append(("ground truth", overlay(image, gt)))
         rows.append(row)
+        present |= _present(store, rec, sources)
     out.parent.mkdir(parents=True, exist_ok=True)
-    write_png(out, grid(rows))
+    write_png(out, _with_key(grid(rows), store.classes().names, present))
     return out
 
 
+def _present(store: Store, rec: ImageRecord, sources: list[tuple[str, int, str]]) -> set[int]:
+    """The classes that occur in ``rec``'s stored labels of ``sources`` and its mask."""
+    labels = [store.pseudo(r, rec.image_id, name=name) for _, r, name in sources] + [store.mask(rec.image_id)]
+    return set().union(*(np.unique(lab).tolist() for lab in labels if lab is not None))
+
+
+def _with_key(picture: np.ndarray, names, present: set[int]) -> np.ndarray:
+    """``picture`` with the colour key of the ``present`` classes below it."""
+    return np.concatenate([picture, legend(names, sorted(present), picture.shape[1])], 0)
+
+
 # ---------------------------------------------------------------------------- bench quality
-def pick_overlay_records(records: list[ImageRecord], n: int = 6, min_tags: int = 2) -> list[ImageRecord]:
-    """``n`` images for the figure, chosen deterministically: evenly spaced over the ids (sorted)
-    of the images with a mask and at least ``min_tags`` tags, topped up with other masked ones."""
-    with_mask = sorted((r for r in records if r.has_mask), key=lambda r: r.image_id)
-    multi = [r for r in with_mask if len(r.tags) >= min_tags]
-    pool = multi if len(multi) >= n else multi + [r for r in with_mask if len(r.tags) < min_tags]
-    if len(pool) <= n:
-        return pool
-    picks = np.unique(np.linspace(0, len(pool) - 1, n).round().astype(int))
-    return [pool[i] for i in picks]
+def pick_overlay_records(records: list[ImageRecord], n: int = 6, *, with_mask: bool = True) -> list[ImageRecord]:
+    """The ``n`` images with the most tags (the hard ones: a single-tag image is solved by any
+    method), ties broken by id, so the choice does not depend on the records' order; with
+    ``with_mask`` only images that have a mask to compare with (when there are any)."""
+    pool = [r for r in records if r.has_mask] if with_mask else list(records)
+    pool = pool or list(records)
+    return sorted(pool, key=lambda r: (-len(r.tags), r.image_id))[:n]
 
 
 def _image_miou(pred: np.ndarray | None, gt: np.ndarray, n: int) -> float | None:
@@ -59,9 +69,10 @@ def _image_miou(pred: np.ndarray | None, gt: np.ndarray, n: int) -> float | None
 
 
 def overlay_figure(store: Store, records: list[ImageRecord], sources: list[tuple[str, int, str]], out: Path) -> Path:
-    """Rows of image | ground truth | each source, titled with the image's own mIoU."""
+    """Rows of image | ground truth | each source, titled with the image's own mIoU, and a colour
+    key of the classes shown."""
     n = store.classes().n
-    rows = []
+    rows, present = [], set()
     for rec in records:
         image = store.image(rec.image_id)
         gt = store.mask(rec.image_id)
@@ -75,8 +86,9 @@ def overlay_figure(store: Store, records: list[ImageRecord], sources: list[tuple
             m = _image_miou(label, gt, n) if gt is not None else None
             row.append((title + ("" if m is None else f" {m:.2f}"), overlay(image, label)))
         rows.append(row)
+        present |= _present(store, rec, sources)
     out.parent.mkdir(parents=True, exist_ok=True)
-    write_png(out, grid(rows))
+    write_png(out, _with_key(grid(rows), store.classes().names, present))
     return out
 
 

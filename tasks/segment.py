@@ -242,9 +242,9 @@ def segment_whole(paths: Sequence[Path], checkpoint: Path, net, state: dict, out
     """
     from models.small import ImageClassifier
     from tasks import training as tr
-    from tasks.overlay import overlay
+    from tasks.overlay import overlay, with_legend
+    from tasks.pipeline import ClassifierGate, trained_classes_only
     from tasks.store import load_model
-    from tasks.pipeline import ClassifierGate
 
     if isinstance(net, ImageClassifier):
         raise ValueError(f"{checkpoint}: a {state.get('builder')!r} model is not a segmentation network; pass a "
@@ -275,14 +275,14 @@ def segment_whole(paths: Sequence[Path], checkpoint: Path, net, state: dict, out
         if edges is not None:
             from tasks.edges import feature_region_map
             edge = feature_region_map(image, sigma=edges["sigma"], tau=edges["tau"])
-        prob = tr.predict_probs(net, image, edge)
+        prob = trained_classes_only(tr.predict_probs(net, image, edge), state)
         if clf is not None:
             prob = clf(prob, image)
         labels = prob.argmax(0).astype(np.uint8)
         h, w = labels.shape
         png, picture = out_dir / f"{path.stem}.png", out_dir / f"{path.stem}_overlay.png"
         files.write_palette_png(png, h, w, iter([labels]), palette)
-        files.write_rgb_png(picture, overlay(image, labels))
+        files.write_rgb_png(picture, with_legend(overlay(image, labels), names, labels))
         shares = np.bincount(labels.ravel(), minlength=n_classes) / labels.size
         written.append(png)
         seconds = time.perf_counter() - t0

@@ -13,7 +13,7 @@ from tasks import training as tr
 from tasks.config import WSSSConfig
 from tasks.feature_cache import load_edges
 from tasks.progress import Progress
-from tasks.store import ImageRecord, Store
+from tasks.store import ClassSpec, ImageRecord, Store
 
 
 class LabelLoader:
@@ -42,6 +42,13 @@ class LabelLoader:
         store = Store(self.root)
         rec = self.records[i]
         return store.image(rec.image_id), load_edges(store, rec, self.key), self.label(i, store)
+
+
+def trained_classes(records: list[ImageRecord], classes: ClassSpec) -> list[int]:
+    """Indices of the classes that ``records`` are tagged with, and the implicit background: the
+    classes a segmenter trained on them may answer (:func:`tasks.pipeline.trained_classes_only`)."""
+    tagged = {classes.index(t) for r in records for t in r.tags}
+    return sorted(tagged | ({classes.background} if classes.background is not None else set()))
 
 
 def converged_at(config: WSSSConfig, r: int, changed_share: float) -> bool:
@@ -113,7 +120,8 @@ def train_segmenter(store: Store, records: list[ImageRecord], feature_key: str, 
                     progress=lambda msg: prog.advance(1, msg.split(" ", 2)[-1]))
     store.write_model(kind, model, **where, builder=s.model, num_classes=classes.n, in_channels=in_ch,
                       options=dict(s.options),  # weights are in the checkpoint: no `pretrained`
-                      meta={"classes": list(classes.names), "round": r, "epochs_run": result.epochs_run,
+                      meta={"classes": list(classes.names), "trained_classes": trained_classes(records, classes),
+                            "round": r, "epochs_run": result.epochs_run,
                             "stopped": result.stopped, "feature_key": feature_key, "start": start,
                             # a checkpoint copied away from its run still knows its edge channel
                             **({"edges": {"sigma": config.features.edge_sigma, "tau": config.features.edge_tau}}

@@ -140,3 +140,32 @@ def test_damaged_files_are_named_moved_aside_and_recomputed(tmp_path, capsys):
     store.mark_shard_done(0, "pseudo", "a", {"images": 1})
     (store.round_dir(0) / "done" / "pseudo-a.json").write_text("{")
     assert store.shard_done(0, "pseudo", "a") is None
+
+
+def test_wsseg_segment_with_a_payload_checkpoint_runs_nothing(tmp_path):
+    """The user-facing path: `wsseg segment img --model evil.pt` refuses in one line naming the file."""
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parents[1]
+    marker = tmp_path / "ran"
+    evil = tmp_path / "evil.pt"
+    torch.save({"builder": "small", "num_classes": 3, "in_channels": 4, "options": {}, "meta": {},
+                "model": _Payload(marker)}, evil)
+    image = next((root / "flows" / "sample" / "msrc21" / "images").glob("*.jpg"))
+    out = subprocess.run([sys.executable, "-m", "flows.cli", "segment", str(image), "--model", str(evil), "--out",
+                          str(tmp_path / "seg")], cwd=root, capture_output=True, text=True, timeout=300)
+    assert out.returncode == 2, out.stderr
+    errors = [line for line in out.stderr.splitlines() if "error" in line]
+    assert len(errors) == 1 and str(evil) in errors[0] and "never runs code" in errors[0], out.stderr
+    assert "Traceback" not in out.stderr and not marker.exists()
+
+
+def test_a_copied_run_directory_with_a_payload_classifier_is_recomputed_not_run(tmp_path, capsys):
+    store = Store(tmp_path)
+    marker = tmp_path / "ran"
+    path = store.checkpoint_path("classifier")
+    torch.save({"builder": "image_classifier", "model": _Payload(marker)}, path)
+    assert not store.usable_checkpoint("classifier")  # resuming trains it again instead
+    assert not marker.exists() and str(path) in capsys.readouterr().err

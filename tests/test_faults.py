@@ -1,4 +1,5 @@
-"""Faults: a command killed with SIGKILL takes its Dask workers and Prefect server with it."""
+"""Faults: a command killed with SIGKILL takes its processes with it and resumes exactly; a worker
+killed mid-stage changes nothing."""
 from __future__ import annotations
 
 import os
@@ -10,43 +11,154 @@ from pathlib import Path
 
 import psutil
 
+from test_flows import cluster  # noqa: F401  (the two-worker Dask cluster fixture)
+
 ROOT = Path(__file__).resolve().parents[1]
+KILL_IDS = ["11_21_s", "12_25_s", "12_27_s", "12_33_s", "12_6_s", "12_8_s"]
 
 
-def test_sigkill_of_the_command_ends_its_child_processes(tmp_path):
+TINY = {"classifier": {"epochs": 4, "size": 160, "width": 16, "stride": 16, "batch_size": 8},
+        "mil": {"iterations": 1}, "proposals": {"epochs": 5},
+        "segmentation": {"epochs": 2, "options": {"width": 16}, "crop": 160, "batch_size": 4, "num_workers": 1},
+        "max_rounds": 1, "shard_size": 2}
+
+
+def _wsseg(*argv, env=None, **kw):
+    return subprocess.Popen([sys.executable, "-m", "flows.cli", *argv], cwd=ROOT, env=env,
+                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, **kw)
+
+
+def _alive(procs: dict[int, float]) -> dict[int, float]:
+    out = {}
+    for pid, t in procs.items():
+        try:
+            p = psutil.Process(pid)
+            if p.create_time() == t and p.status() != psutil.STATUS_ZOMBIE:
+                out[pid] = t
+        except psutil.NoSuchProcess:
+            pass
+    return out
+
+
+def _outputs(run: Path) -> dict[str, bytes]:
+    """The round's pseudo-labels and the trained model's weights, as bytes."""
+    from tasks.store import Store
+
+    store = Store(run)
+    out = {f"pseudo/{r.image_id}": store.pseudo(0, r.image_id).tobytes() for r in store.manifest()}
+    net, _ = store.read_model("segmenter", 0)
+    out |= {f"model/{k}": v.numpy().tobytes() for k, v in net.state_dict().items()}
+    return out
+
+
+def test_sigkill_ends_the_child_processes_and_the_rerun_resumes_bit_identically(tmp_path, prefect_harness,
+                                                                               cluster):  # noqa: F811
+    """`wsseg train` killed with SIGKILL mid-run: its Dask workers, nannies, Prefect API server and
+    loader processes end with it (a watchdog does it), and running the same command again
+    resumes and gives exactly the outputs of a run that was never killed."""
+    import json
+
+    from conftest import copy_sample
+
     env = dict(os.environ, OMP_WAIT_POLICY="PASSIVE")
-    env.pop("PREFECT_API_URL", None)  # the command starts its own Prefect API server, as a user's would
-    cmd = subprocess.Popen([sys.executable, "-m", "flows.cli", "demo", "--run-dir", str(tmp_path / "run"),
-                            "--workers", "2"], cwd=ROOT, env=env, stdout=subprocess.DEVNULL,
-                           stderr=subprocess.DEVNULL)
+    env.pop("PREFECT_API_URL", None)  # each command starts its own Prefect API server, as a user's would
+    src = copy_sample(tmp_path / "src", KILL_IDS)
+    (tmp_path / "tiny.json").write_text(json.dumps(TINY))
+    train = ["--config", str(tmp_path / "tiny.json"), "--workers", "2"]
+    from flows.runtime import on_cluster
+    from flows.wsss import ingest
+
+    for name in ("killed", "reference"):  # the corpus (in this process: ingest is not what is tested)
+        on_cluster(ingest, cluster)(str(src), str(tmp_path / name), shard_size=8)
+    assert _wsseg("train", "--run-dir", str(tmp_path / "reference"), *train, env=env).wait(timeout=600) == 0
+
+    run = tmp_path / "killed"
+    cmd = _wsseg("train", "--run-dir", str(run), *train, env=env)
     main = psutil.Process(cmd.pid)
     children: dict[int, float] = {}
-    deadline = time.monotonic() + 240
     try:
-        # wait until the work runs: two Dask workers (each under a nanny) and the Prefect server
-        while time.monotonic() < deadline:
+        deadline = time.monotonic() + 300
+        while time.monotonic() < deadline:  # until the work runs: shard tasks have written features
             kids = [c for c in main.children(recursive=True) if "psutil" not in " ".join(c.cmdline())]
-            children = {c.pid: c.create_time() for c in kids}
-            if len(kids) >= 5:
+            children |= {c.pid: c.create_time() for c in kids}
+            if len(kids) >= 5 and any((run / "cache").glob("*/*/zarr.json")):
                 break
-            assert cmd.poll() is None, "the demo ended before it could be killed"
-            time.sleep(1)
+            assert cmd.poll() is None, "the command ended before it could be killed"
+            time.sleep(0.2)
         assert len(children) >= 5, f"expected workers, nannies and the Prefect server, got {children}"
+        assert not (run / "summary.json").exists()
         cmd.send_signal(signal.SIGKILL)
         cmd.wait()
         deadline = time.monotonic() + 30
-        alive = children
-        while alive and time.monotonic() < deadline:
-            alive = {pid: t for pid, t in children.items() if psutil.pid_exists(pid)
-                     and psutil.Process(pid).create_time() == t
-                     and psutil.Process(pid).status() != psutil.STATUS_ZOMBIE}
+        while _alive(children) and time.monotonic() < deadline:
             time.sleep(0.5)
-        assert not alive, f"still running after the command was killed: {alive}"
+        assert not _alive(children), f"still running after the command was killed: {_alive(children)}"
     finally:
         if cmd.poll() is None:
             cmd.kill()
-        for pid in children:
-            try:
-                psutil.Process(pid).kill()
-            except psutil.NoSuchProcess:
-                pass
+        for pid in _alive(children):
+            psutil.Process(pid).kill()
+    assert _wsseg("train", "--run-dir", str(run), *train, env=env).wait(timeout=600) == 0
+    got, want = _outputs(run), _outputs(tmp_path / "reference")
+    assert got.keys() == want.keys() and all(got[k] == want[k] for k in want)
+
+
+# ---------------------------------------------------------------------------- a worker killed mid-stage
+
+def _cached_arrays(run: Path) -> dict[str, bytes]:
+    """Every cached feature array of a run, by its name under the cache (content-addressed)."""
+    import zarr
+
+    out = {}
+    for meta in sorted((run / "cache").glob("*/*/zarr.json")):
+        arr = zarr.open_array(str(meta.parent), mode="r")
+        out[str(meta.parent.relative_to(run / "cache"))] = arr[...].tobytes()
+    return out
+
+
+def test_a_worker_killed_mid_stage_changes_nothing(tmp_path, prefect_harness, cluster):  # noqa: F811
+    """The features stage with one of two workers killed (SIGKILL) while it runs: the stage
+    completes (Dask's nanny restarts the worker and the shard is run again) and every cached
+    array is bit-identical to an undisturbed run's."""
+    import threading
+
+    from distributed import Client
+    from prefect import flow
+
+    from conftest import copy_sample
+    from flows.runtime import on_cluster
+    from flows.wsss import compute_all_features, ingest
+    from tasks.config import WSSSConfig
+    from tasks.store import Store
+
+    config = WSSSConfig.model_validate({"shard_size": 1})
+
+    @flow(name="features-under-fault")
+    def features(run_dir: str) -> str:
+        return compute_all_features(run_dir, Store(run_dir).manifest(), config)
+
+    src = copy_sample(tmp_path / "src", KILL_IDS)
+    runs = {}
+    for name, kill in (("undisturbed", False), ("killed", True)):
+        run = tmp_path / name
+        on_cluster(ingest, cluster)(str(src), str(run), shard_size=8)
+        killer = None
+        if kill:
+            with Client(cluster) as client:
+                pids = sorted(client.run(os.getpid).values())
+
+            def shoot() -> None:  # once the stage is under way: a shard's cache entry has appeared
+                deadline = time.monotonic() + 120
+                while time.monotonic() < deadline and not any((run / "cache").glob("*/*/zarr.json")):
+                    time.sleep(0.05)
+                os.kill(pids[0], signal.SIGKILL)
+
+            killer = threading.Thread(target=shoot)
+            killer.start()
+        on_cluster(features, cluster)(str(run))
+        if killer is not None:
+            killer.join()
+            assert not psutil.pid_exists(pids[0]) or psutil.Process(pids[0]).status() == psutil.STATUS_ZOMBIE
+        runs[name] = _cached_arrays(run)
+    assert runs["killed"] and runs["killed"].keys() == runs["undisturbed"].keys()
+    assert all(runs["killed"][k] == runs["undisturbed"][k] for k in runs["undisturbed"])

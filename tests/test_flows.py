@@ -149,9 +149,15 @@ def _segment_new_images(tmp_path, run, src, n_classes):
     stats, ungated = [], []
     pngs = segment(images, run, tmp_path / "seg", stats=stats, log=lambda m: None)
     segment(images, run, tmp_path / "seg_ungated", gate=False, stats=ungated, log=lambda m: None)
+    from tasks.store import Store, load_model
+
+    trained = set(load_model(json.loads((run / "summary.json").read_text())["final_model"])[1]["meta"]["trained_classes"])
+    tagged = {Store(run).classes().index(t) for r in Store(run).manifest("train") for t in r.tags}
+    assert trained == tagged  # the classes the run's training images carry, no other
     for png, image, st in zip(pngs, images, stats):
         labels = np.asarray(Image.open(png))
         assert labels.shape == np.asarray(Image.open(image)).shape[:2] and labels.max() < n_classes
+        assert set(np.unique(labels).tolist()) <= trained  # never a class no training image was tagged with
         assert st["gated"] and Path(st["overlay"]).stat().st_size > 1000
         assert np.bincount(labels.ravel(), minlength=n_classes) / labels.size == pytest.approx(st["class_shares"])
     assert not any(st["gated"] for st in ungated)

@@ -103,7 +103,7 @@ def test_bench_and_segment_end_to_end(tmp_path, monkeypatch, capsys):
     out = tmp_path / "bench" / "highres.json"
     res = bench_highres(str(tmp_path / "hrf"), "train", str(out), train_n=3, eval_n=1, patch_size=16, scale=0.5,
                         steps=3, batch=2, width=8, blocks=(1, 1), overlap=4, threads=1)
-    logs = capsys.readouterr().out.splitlines()
+    logs = capsys.readouterr().err.splitlines()  # progress goes to stderr; stdout is for --json
     saved = json.loads(out.read_text())
     for key in ("global_local_iou", "global_local_f1", "patch_only_iou", "patch_only_f1", "downsampled_iou",
                 "downsampled_f1", "peak_mem_mb_1x", "peak_mem_mb_2x", "peak_mem_ratio_2x", "mpix_per_s",

@@ -219,6 +219,8 @@ def test_cli_checks_before_any_cluster_and_states_defaults(tmp_path, monkeypatch
     monkeypatch.setattr(flows.runtime, "prepare", lambda *a, **k: None)
     assert cli.main(["ingest", str(src), "--run-dir", str(tmp_path / "run")]) == 2
     err = capsys.readouterr().err.splitlines()
+    assert err[0].startswith("wsseg ingest in ") and "checking the input" in err[0]  # what starts, at once
+    err = err[1:]
     assert err[0] == "wsseg: error: 2 problem(s) in the source data:"
     assert "unknown tag(s) ['unicorn']" in err[1] and "labels.csv:3: 3 fields" in err[2]
     assert "pass --skip-invalid" in err[3] and len(err) == 4

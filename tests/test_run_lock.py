@@ -41,7 +41,7 @@ def test_stale_lock_of_a_killed_process_is_taken_over(tmp_path, capsys):
     p.send_signal(signal.SIGKILL)
     p.wait()
     with RunLock(tmp_path, "wsseg train"):
-        assert f"stale lock" in capsys.readouterr().err
+        assert "stale lock" in capsys.readouterr().err
 
 
 def test_cli_refuses_a_second_writer_at_once(tmp_path):
@@ -56,8 +56,9 @@ def test_cli_refuses_a_second_writer_at_once(tmp_path):
         out = subprocess.run([sys.executable, "-m", "flows.cli", "ingest", str(src), "--run-dir", str(run)],
                              cwd=ROOT, capture_output=True, text=True, timeout=120)
         assert out.returncode == 2, out.stderr
-        lines = out.stderr.strip().splitlines()
+        lines = [line for line in out.stderr.splitlines() if line.startswith("wsseg: error")]
         assert len(lines) == 1 and f"pid {p.pid}" in lines[0] and "in use" in lines[0], out.stderr
+        assert len(out.stderr.strip().splitlines()) == 2  # what starts, then the error: nothing else
         assert not (run / "corpus").exists()
         print(f"refused in {time.perf_counter() - t0:.1f} s")
     finally:
@@ -77,6 +78,8 @@ def test_input_mistakes_are_one_line_and_leave_nothing(tmp_path, argv, message):
                          timeout=120)
     assert out.returncode == 2
     lines = out.stderr.strip().splitlines()
-    assert len(lines) == 1 and lines[0].startswith("wsseg: error:") and message in lines[0], out.stderr
+    # the first line says what starts (within a second or two), the second is the error
+    assert len(lines) == 2 and lines[0].startswith("wsseg ") and "checking the input" in lines[0], out.stderr
+    assert lines[1].startswith("wsseg: error:") and message in lines[1], out.stderr
     assert "Traceback" not in out.stderr and "Error logging" not in out.stderr
     assert not (tmp_path / "empty").exists()

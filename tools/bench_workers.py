@@ -3,11 +3,11 @@
 
 The stage is step 1 of a refresh round after round 0 (``tasks.pipeline.preliminary_shard``:
 the round's model on every image, restricted to the tags), run on a finished ``wsseg train``
-run directory (``make demo`` leaves one in runs/demo) into a scratch round that is deleted
+run directory (``make demo`` leaves one in runs/default) into a scratch round that is deleted
 afterwards. The two settings alternate, ``--repeats`` times each, each on a fresh cluster;
 the script prints every timing, the medians and their ratio.
 
-    python tools/bench_workers.py --run-dir runs/demo --workers 2 --repeats 2
+    python tools/bench_workers.py --run-dir runs/default --workers 2 --repeats 2
 """
 from __future__ import annotations
 
@@ -55,7 +55,7 @@ def time_stage(run: Path, scratch: int, shards: list[list[str]], key: str, cfg, 
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--run-dir", default="runs/demo", help="a finished `wsseg train` run (default runs/demo)")
+    ap.add_argument("--run-dir", default="runs/default", help="a finished `wsseg train` run (default runs/default)")
     ap.add_argument("--workers", type=int, default=2)
     ap.add_argument("--repeats", type=int, default=2, help="timings per setting (default 2)")
     args = ap.parse_args(argv)

@@ -66,7 +66,9 @@ def read_file(path: str | os.PathLike, device: str | torch.device = "cpu") -> di
     try:
         state = torch.load(path, map_location=device, weights_only=True)
     except pickle.UnpicklingError as e:
-        first = str(e).strip().splitlines()[-1] if str(e).strip() else type(e).__name__
+        lines = [ln.strip() for ln in str(e).splitlines() if ln.strip()]
+        first = next((ln for ln in lines if "GLOBAL" in ln or "Unsupported" in ln), lines[-1] if lines else
+                     type(e).__name__)
         raise CheckpointError(f"{path}: refused: the file holds more than tensors and plain data, and "
                               f"wsseg never runs code from a file ({first})") from None
     except (OSError, RuntimeError, EOFError, ValueError, KeyError, IndexError) as e:
