@@ -390,6 +390,19 @@ def announce(args, stream=None) -> None:
     print(f"wsseg {name}{where}: checking the input{cluster} ...", file=stream or sys.stderr, flush=True)
 
 
+def _api_connection_error(e: BaseException) -> BaseException | None:
+    """The connection error (to the Prefect API) behind ``e``, if that is what stopped the command."""
+    import httpx
+
+    seen = set()
+    while e is not None and id(e) not in seen:
+        seen.add(id(e))
+        if isinstance(e, httpx.TransportError):
+            return e
+        e = e.__cause__ or e.__context__
+    return None
+
+
 def main(argv: list[str] | None = None) -> int:
     args = parser().parse_args(argv)
     announce(args)
@@ -411,6 +424,15 @@ def main(argv: list[str] | None = None) -> int:
         return args.func(args)
     except Exception as e:  # clear one-line errors for input problems, tracebacks for bugs
         from tasks.ingest import IngestError
+
+        lost = _api_connection_error(e)
+        if lost is not None and not verbose:
+            url = os.environ.get("PREFECT_API_URL", "the Prefect API")
+            print(f"wsseg: error: {url} stopped answering ({type(lost).__name__}: {str(lost)[:200]}); the states and "
+                  f"logs of the flow and task runs from then on could not be recorded in Prefect. Every shard, "
+                  f"checkpoint and round finished before is kept in {run_dir}: run the same command again, with "
+                  "the server back, to resume.", file=sys.stderr)
+            return 3
 
         if isinstance(e, (IngestError, FileNotFoundError, ValueError)) and not verbose:
             if run_dir is not None and not existed:

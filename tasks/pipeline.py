@@ -19,6 +19,7 @@ from tasks.feature_cache import ImageFeatures, compute_features, load_edges, loa
 from tasks.fusion import pseudo_label
 from tasks.ingest import ALPHA_BACKGROUND, decode_image, load_mask
 from tasks.metrics import ConfusionAccumulator, changed_share, ignore_share
+from tasks.progress import run_log
 from tasks.proposal_classifier import (combine_evidence, predict_proposals, round_mil_model, sp_evidence,
                                        superpixel_scores)
 from tasks.store import ClassSpec, Store, records_by_id, sha256_file
@@ -219,7 +220,9 @@ def features_shard(run_dir: str, ids: list[str], cfg: FeatureConfig, key: str) -
     recs = records_by_id(store.manifest(), ids)
     t0 = time.perf_counter()
     computed = sum(compute_features(store, rec, cfg, key) for rec in recs)
-    return {"images": len(ids), "computed": int(computed), "seconds": time.perf_counter() - t0}
+    seconds = time.perf_counter() - t0
+    run_log(f"features: {len(ids)} images from {ids[0]}, {int(computed)} computed, {seconds:.1f} s")
+    return {"images": len(ids), "computed": int(computed), "seconds": seconds}
 
 
 def preliminary_shard(run_dir: str, ids: list[str], round_index: int, key: str, config: WSSSConfig) -> dict:
@@ -246,6 +249,7 @@ def preliminary_shard(run_dir: str, ids: list[str], round_index: int, key: str, 
         idx = np.flatnonzero(allowed)
         store.write_prelim(r, rec.image_id, prob[idx], idx)
     store.mark_shard_done(r, "prelim", ids[0], {"images": len(ids)})
+    run_log(f"round {r} preliminary result: {len(ids)} images from {ids[0]}")
     return {"images": len(ids), "skipped": False}
 
 
@@ -287,6 +291,8 @@ def pseudo_shard(run_dir: str, ids: list[str], round_index: int, key: str, cfg: 
                       "ignore": float(ignore_share(label))})
     result = {"images": len(ids), "stats": stats}
     store.mark_shard_done(round_index, "pseudo", ids[0], result)
+    run_log(f"round {round_index} pseudo-labels: {len(ids)} images from {ids[0]}, changed share "
+            f"{sum(s['changed'] for s in stats) / max(len(stats), 1):.3f}")
     return result
 
 

@@ -70,7 +70,21 @@ def test_sigkill_ends_the_child_processes_and_the_rerun_resumes_bit_identically(
 
     for name in ("killed", "reference"):  # the corpus (in this process: ingest is not what is tested)
         on_cluster(ingest, cluster)(str(src), str(tmp_path / name), shard_size=8)
-    assert _wsseg("train", "--run-dir", str(tmp_path / "reference"), *train, env=env).wait(timeout=600) == 0
+    # the reference: the same training never interrupted (in this process; the numbers do not depend on
+    # which process runs the flow, only on the configuration, the seed and the thread count)
+    from flows.wsss import train_wsss
+    from tasks.config import WSSSConfig
+
+    import torch
+
+    threads = int(subprocess.run([sys.executable, "-c", "import torch; print(torch.get_num_threads())"], env=env,
+                                 capture_output=True, text=True, check=True).stdout)
+    before = torch.get_num_threads()
+    torch.set_num_threads(threads)  # as many as the command's own process has
+    try:
+        on_cluster(train_wsss, cluster)(str(tmp_path / "reference"), WSSSConfig.model_validate(TINY), cluster)
+    finally:
+        torch.set_num_threads(before)
 
     run = tmp_path / "killed"
     cmd = _wsseg("train", "--run-dir", str(run), *train, env=env)
@@ -162,3 +176,60 @@ def test_a_worker_killed_mid_stage_changes_nothing(tmp_path, prefect_harness, cl
         runs[name] = _cached_arrays(run)
     assert runs["killed"] and runs["killed"].keys() == runs["undisturbed"].keys()
     assert all(runs["killed"][k] == runs["undisturbed"][k] for k in runs["undisturbed"])
+
+
+def test_prefect_server_gone_mid_run_keeps_the_outputs_and_says_what_was_not_recorded(tmp_path, prefect_harness,
+                                                                                      cluster):  # noqa: F811
+    """The user's Prefect server dies while `wsseg train` runs: the command ends with one error
+    line saying what could not be recorded and how to resume; what was computed is on disk."""
+    import json
+    import socket
+    import urllib.request
+
+    from conftest import copy_sample
+    from flows.runtime import on_cluster
+    from flows.wsss import ingest
+
+    run = tmp_path / "run"
+    on_cluster(ingest, cluster)(str(copy_sample(tmp_path / "src", KILL_IDS)), str(run), shard_size=8)
+    (tmp_path / "tiny.json").write_text(json.dumps(TINY))
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    env = dict(os.environ, OMP_WAIT_POLICY="PASSIVE", PREFECT_HOME=str(tmp_path / "server"),
+               PREFECT_API_URL=f"http://127.0.0.1:{port}/api", PREFECT_CLIENT_MAX_RETRIES="1")
+    server = subprocess.Popen([sys.executable, "-m", "prefect", "server", "start", "--host", "127.0.0.1", "--port",
+                               str(port)], env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+                              start_new_session=True)
+    cmd = None
+    try:
+        deadline = time.monotonic() + 180
+        while time.monotonic() < deadline:
+            try:
+                urllib.request.urlopen(f"http://127.0.0.1:{port}/api/health", timeout=2)
+                break
+            except OSError:
+                time.sleep(1)
+        cmd = subprocess.Popen([sys.executable, "-m", "flows.cli", "train", "--run-dir", str(run), "--config",
+                                str(tmp_path / "tiny.json"), "--workers", "2"], cwd=ROOT, env=env,
+                               stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+        deadline = time.monotonic() + 300
+        while time.monotonic() < deadline and not any((run / "cache").glob("*/*/zarr.json")):
+            assert cmd.poll() is None, cmd.stderr.read()
+            time.sleep(0.2)
+        os.killpg(server.pid, signal.SIGKILL)  # the server and its children
+        server.wait()
+        err = cmd.communicate(timeout=300)[1]
+        assert cmd.returncode == 3, err[-3000:]
+        ours = [line for line in err.splitlines() if line.startswith("wsseg: error:")]
+        assert len(ours) == 1 and "stopped answering" in ours[0] and "could not be recorded" in ours[0], err[-3000:]
+        assert str(run) in ours[0] and "resume" in ours[0]
+        assert any((run / "cache").glob("*/*/zarr.json"))  # what was computed stays
+    finally:
+        for p in (cmd, server):
+            if p is not None and p.poll() is None:
+                p.kill()
+        try:
+            os.killpg(server.pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
