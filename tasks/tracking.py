@@ -26,6 +26,8 @@ os.environ.setdefault("MLFLOW_HTTP_REQUEST_TIMEOUT", "15")
 
 import mlflow  # noqa: E402
 
+from tasks.store import Store  # noqa: E402
+
 
 def _pins() -> list[str]:
     """What loading a logged model needs, pinned to the versions that wrote it: torch and numpy
@@ -164,7 +166,7 @@ class Tracker:
                 flat = flatten(config)
                 for i in range(0, len(flat), 90):
                     mlflow.log_params(dict(list(flat.items())[i:i + 90]))
-                mlflow.log_dict(config, "config.json")
+                mlflow.log_dict(config, Store.CONFIG_FILE)
 
     def log_metrics(self, metrics: dict[str, float], step: int | None = None) -> None:
         clean = {k: float(v) for k, v in metrics.items() if v is not None and v == v}

@@ -283,6 +283,8 @@ class Store:
 
     # ------------------------------------------------------------------ checkpoints
     #: checkpoint kinds and where they live: per run (r is None) or per round
+    #: the configuration's file name (the run directory's, and its copy in each MLflow run)
+    CONFIG_FILE = "config.json"
     CHECKPOINTS = {"classifier": "classifier.pt", "segmenter": "model.pt", "mil": "mil.pt",
                    "proposal_classifier": "proposal_classifier.pt", "supervised": "supervised/model.pt"}
 
@@ -350,7 +352,7 @@ class Store:
     # ------------------------------------------------------------------ run-level state files
     @property
     def config_path(self) -> Path:
-        return self.root / "config.json"
+        return self.root / self.CONFIG_FILE
 
     def read_config(self) -> dict | None:
         """The configuration the run directory was started with (None before the first run)."""
