@@ -233,6 +233,17 @@ def cmd_evaluate(args) -> int:
     return 0
 
 
+def cmd_status(args) -> int:
+    from tasks.status import format_status, run_status
+    from tasks.store import Store
+
+    if not Path(args.run).is_dir():
+        raise ValueError(f"{args.run}: no such run directory")
+    st = run_status(Store(args.run))
+    print(json.dumps(st, default=str) if args.json else format_status(st))
+    return 0
+
+
 def cmd_ui(args) -> int:
     from flows.ui import serve
 
@@ -324,6 +335,15 @@ def parser() -> argparse.ArgumentParser:
                    help="seconds to wait for both servers to answer before giving up (default 300)")
     p.set_defaults(func=cmd_ui)
 
+    p = sub.add_parser("status", help="where a run directory stands (reads files only, starts nothing)",
+                       description="The corpus (images, classes, splits), the finished rounds with their metrics, "
+                                   "the shards done and pending of a round in progress, the store's size, the "
+                                   "command writing it now, and the last error.")
+    p.add_argument("run", nargs="?", default=DEFAULT_RUN_DIR,
+                   help=f"the run directory (default: {DEFAULT_RUN_DIR})")
+    p.add_argument("--json", action="store_true", help="print the status as one JSON object (for scripts)")
+    p.set_defaults(func=cmd_status)
+
     bench = sub.add_parser("bench", help="benchmarks that print and write figures").add_subparsers(
         dest="bench", required=True)
     _add_bench_quality_parser(bench)
@@ -390,6 +410,21 @@ def announce(args, stream=None) -> None:
     print(f"wsseg {name}{where}: checking the input{cluster} ...", file=stream or sys.stderr, flush=True)
 
 
+def _record_error(run_dir: Path | None, args, e: BaseException) -> None:
+    """The error in the run directory's record (``wsseg status`` shows it), when the directory
+    holds a corpus (an input mistake before anything was made leaves nothing behind)."""
+    if run_dir is None:
+        return
+    try:
+        from tasks.store import Store
+
+        store = Store(run_dir)
+        if store.has_corpus():
+            store.write_last_error(f"wsseg {command_name(args)}", f"{type(e).__name__}: {str(e)[:500]}")
+    except Exception:  # the record must not hide the error itself
+        pass
+
+
 def _api_connection_error(e: BaseException) -> BaseException | None:
     """The connection error (to the Prefect API) behind ``e``, if that is what stopped the command."""
     import httpx
@@ -426,6 +461,8 @@ def main(argv: list[str] | None = None) -> int:
         from tasks.ingest import IngestError
 
         lost = _api_connection_error(e)
+        if lost is not None:
+            _record_error(run_dir, args, lost)
         if lost is not None and not verbose:
             url = os.environ.get("PREFECT_API_URL", "the Prefect API")
             print(f"wsseg: error: {url} stopped answering ({type(lost).__name__}: {str(lost)[:200]}); the states and "
@@ -434,6 +471,7 @@ def main(argv: list[str] | None = None) -> int:
                   "the server back, to resume.", file=sys.stderr)
             return 3
 
+        _record_error(run_dir, args, e)
         if isinstance(e, (IngestError, FileNotFoundError, ValueError)) and not verbose:
             if run_dir is not None and not existed:
                 _remove_if_scaffolding(run_dir)

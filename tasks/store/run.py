@@ -372,6 +372,28 @@ class Store:
     def read_summary(self) -> dict | None:
         return _read_json(self.summary_path)
 
+    def write_last_error(self, command: str, message: str) -> None:
+        """Record the error that ended ``command`` (``wsseg status`` shows it)."""
+        import datetime as dt
+
+        _atomic_write_text(self.root / "last_error.json", json.dumps(
+            {"command": command, "error": message,
+             "at": dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds")}, indent=1))
+
+    def last_error(self) -> dict | None:
+        return _read_json(self.root / "last_error.json")
+
+    def size_bytes(self) -> int:
+        """Bytes on disk of the run directory (links not followed)."""
+        total = 0
+        for dirpath, _, names in os.walk(self.root):
+            for n in names:
+                try:
+                    total += os.lstat(os.path.join(dirpath, n)).st_size
+                except OSError:
+                    pass
+        return total
+
     def lock(self, command: str):
         """The run directory's writer lock (:class:`tasks.store.lock.RunLock`), for ``with``."""
         from tasks.store.lock import RunLock

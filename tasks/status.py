@@ -1,0 +1,87 @@
+"""Where a run directory stands, read from the store alone (``wsseg status``): nothing is started."""
+from __future__ import annotations
+
+from tasks.store import Store
+
+
+def _live_writer(store: Store) -> dict | None:
+    """The lock holder's record while its process lives (a stale record names no writer)."""
+    import os
+    import socket
+
+    w = store.lock("wsseg status").holder()
+    if not w.get("pid"):
+        return None
+    if w.get("host") == socket.gethostname():
+        try:
+            os.kill(int(w["pid"]), 0)
+        except (ProcessLookupError, ValueError):
+            return None
+        except PermissionError:
+            pass
+    return w
+
+
+def run_status(store: Store) -> dict:
+    """The corpus (images, classes, splits), the finished rounds with their metrics, the shards done
+    and pending of a round in progress, the store's size, the holder of its lock and the last error."""
+    out: dict = {"run_dir": str(store.root), "corpus": None, "rounds": [], "in_progress": None,
+                 "size_mb": round(store.size_bytes() / 2 ** 20, 1), "last_error": store.last_error(),
+                 "writer": _live_writer(store)}
+    if not store.has_corpus():
+        return out
+    records = store.manifest()
+    splits: dict[str, int] = {}
+    for r in records:
+        splits[r.split] = splits.get(r.split, 0) + 1
+    classes = store.classes()
+    out["corpus"] = {"images": len(records), "classes": len(classes.names), "splits": splits,
+                     "implicit_background": classes.names[classes.background] if classes.background is not None
+                     else None}
+    config = store.read_config() or {}
+    for r in store.finished_rounds():
+        s = store.read_round(r) or {}
+        out["rounds"].append({k: s.get(k) for k in ("round", "pseudo_label_miou", "changed_share", "ignore_share",
+                                                    "wall_seconds", "train_epochs")})
+    unfinished = [r for r in store.rounds() if r not in store.finished_rounds()]
+    if unfinished:
+        r = unfinished[-1]
+        n = len(store.manifest(config.get("split", "train")))
+        size = int(config.get("shard_size", 16))
+        shards = -(-n // size)
+        done = {stage: len(list((store.round_dir(r) / "done").glob(f"{stage}-*.json")))
+                for stage in ("prelim", "pseudo")}
+        out["in_progress"] = {"round": r, "shards": shards,
+                              "done": done, "pending": {k: shards - v for k, v in done.items()},
+                              "model_trained": store.has_checkpoint("segmenter", r)}
+    summary = store.read_summary()
+    if summary:
+        out["final_model"] = summary.get("final_model")
+        out["converged"] = summary.get("converged")
+    return out
+
+
+def format_status(st: dict) -> str:
+    """The status as lines for the terminal."""
+    lines = [f"run directory {st['run_dir']} ({st['size_mb']} MB)"]
+    c = st["corpus"]
+    lines.append("corpus: none (run `wsseg ingest`)" if c is None else
+                 f"corpus: {c['images']} images, {c['classes']} classes, splits {c['splits']}, implicit background "
+                 f"{c['implicit_background']}")
+    for r in st["rounds"]:
+        f = lambda v: "-" if v is None else f"{v:.3f}"  # noqa: E731
+        lines.append(f"round {r['round']}: pseudo-label mIoU {f(r['pseudo_label_miou'])}, changed "
+                     f"{f(r['changed_share'])}, ignore {f(r['ignore_share'])}")
+    p = st["in_progress"]
+    if p:
+        lines.append(f"round {p['round']} in progress: preliminary {p['done']['prelim']}/{p['shards']} shards, "
+                     f"pseudo-labels {p['done']['pseudo']}/{p['shards']}, model {'trained' if p['model_trained'] else 'not yet'}")
+    if st.get("final_model"):
+        lines.append(f"final model: {st['final_model']} (converged: {st.get('converged')})")
+    if st["writer"]:
+        w = st["writer"]
+        lines.append(f"written now by pid {w.get('pid')} on {w.get('host')} since {w.get('started')} ({w.get('command')})")
+    if st["last_error"]:
+        e = st["last_error"]
+        lines.append(f"last error ({e['command']}, {e['at']}): {e['error']}")
+    return "\n".join(lines)

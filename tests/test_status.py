@@ -1,0 +1,54 @@
+"""`wsseg status`: where a run directory stands, from its files alone."""
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+
+from tasks.status import format_status, run_status
+from tasks.store import ClassSpec, ImageRecord, Store
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def _store(tmp_path) -> Store:
+    store = Store(tmp_path / "run")
+    recs = [ImageRecord(f"im{i}", 4, 4, ("a",), f"{i:064x}", "train" if i < 3 else "val", "x.jpg", False)
+            for i in range(4)]
+    store.write_corpus(recs, ClassSpec(("a", "b")))
+    store.write_config({"split": "train", "shard_size": 2})
+    store.write_round(0, {"round": 0, "pseudo_label_miou": 0.5, "changed_share": 1.0, "ignore_share": 0.0})
+    store.write_pseudo(1, "im0", np.zeros((4, 4), np.uint8))  # round 1 started: one shard of two done
+    store.mark_shard_done(1, "prelim", "im0", {"images": 2})
+    return store
+
+
+def test_status_of_a_run_in_progress(tmp_path):
+    store = _store(tmp_path)
+    st = run_status(store)
+    assert st["corpus"] == {"images": 4, "classes": 2, "splits": {"train": 3, "val": 1}, "implicit_background": None}
+    assert [r["round"] for r in st["rounds"]] == [0] and st["rounds"][0]["pseudo_label_miou"] == 0.5
+    assert st["in_progress"] == {"round": 1, "shards": 2, "done": {"prelim": 1, "pseudo": 0},
+                                 "pending": {"prelim": 1, "pseudo": 2}, "model_trained": False}
+    assert st["size_mb"] >= 0 and st["writer"] is None and st["last_error"] is None
+    store.write_last_error("wsseg train", "ValueError: something")
+    with store.lock("wsseg train"):
+        st = run_status(store)
+        assert st["writer"]["pid"] == os.getpid() and st["writer"]["command"] == "wsseg train"
+    assert st["last_error"]["error"] == "ValueError: something"
+    text = format_status(st)
+    assert "round 1 in progress: preliminary 1/2 shards" in text and "last error" in text
+
+
+def test_status_command_json(tmp_path):
+    store = _store(tmp_path)
+    out = subprocess.run([sys.executable, "-m", "flows.cli", "status", str(store.root), "--json"], cwd=ROOT,
+                         capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr
+    st = json.loads(out.stdout)
+    assert st["in_progress"]["round"] == 1 and st["corpus"]["images"] == 4
+    assert not (store.root / ".prefect").exists()  # status starts nothing
