@@ -157,9 +157,11 @@ def cmd_ingest(args) -> int:
     from flows.runtime import dask_cluster, on_cluster
     from flows.wsss import ingest
 
+    # a clean source's headers were just read: the flow does not read them again (with rejected
+    # images it does, so that it knows them)
     with dask_cluster(args.dask_address, args.workers, Path(args.run_dir)) as address:
         s = on_cluster(ingest, address)(str(args.source), args.run_dir, args.shard_size,
-                                        args.skip_invalid, bg, **opts)
+                                        args.skip_invalid, bg, headers_checked=not check.rejected, **opts)
     print(f"ingested {s['images']} of {s['listed']} listed images ({s['skipped']} skipped, {s['problems']} "
           f"problem(s)), {s['classes']} classes, splits {s['splits']}, implicit background: "
           f"{s['implicit_background']}")
@@ -447,9 +449,12 @@ def main(argv: list[str] | None = None) -> int:
     try:
         precheck(args)
         if run_dir is not None:
-            from flows.runtime import prepare, start_reaper
+            from flows.runtime import prepare
 
             prepare(run_dir, verbose=verbose)
+        if command_name(args) != "status":  # every other command starts processes (a Prefect API at least)
+            from flows.runtime import start_reaper
+
             start_reaper()
         if run_dir is not None and command_name(args) in WRITERS:
             from tasks.store import Store

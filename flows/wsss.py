@@ -68,7 +68,8 @@ def run_shards(task_fn, shards: list[list[str]], stage: str, **kwargs) -> list[A
 @flow(name="ingest")
 def ingest(source: str, run_dir: str, shard_size: int = 32, skip_invalid: bool = False,
            background: str | None = "auto", max_pixels: int = ing.MAX_PIXELS, min_side: int = ing.MIN_SIDE,
-           allow_external_links: bool = False, alpha_background: str = ing.ALPHA_BACKGROUND) -> dict:
+           allow_external_links: bool = False, alpha_background: str = ing.ALPHA_BACKGROUND,
+           headers_checked: bool = False) -> dict:
     """Step 0: a source dataset -> corpus store (Zarr images, Parquet manifest, ingest report).
 
     The cheap checks (listing, tags, ids, duplicates, headers against ``max_pixels`` and
@@ -77,9 +78,11 @@ def ingest(source: str, run_dir: str, shard_size: int = 32, skip_invalid: bool =
     ``skip_invalid`` any problem refuses the source and nothing is added to the corpus; with it,
     every valid image is ingested and ``corpus/ingest_report.json`` lists the rejected ones
     (ingested + rejected = listed). Transparent pixels are composited on ``alpha_background``.
+    ``headers_checked``: the caller has just read every header with these limits (``wsseg ingest``
+    does, before the cluster starts), so they are not read twice.
     """
     check = ing.check_source(source, background=background, max_pixels=max_pixels, min_side=min_side,
-                             allow_external_links=allow_external_links)
+                             allow_external_links=allow_external_links, headers=not headers_checked)
     check.raise_for(skip_invalid)
     ing.parse_colour(alpha_background)
     classes = check.classes

@@ -50,8 +50,9 @@ def train_image_classifier(store: Store, records: list[ImageRecord], cfg: Classi
     obj = object_classes(classes)
     wanted = cfg.model_dump(mode="json")
     state = store.train_state("classifier")
-    if store.usable_checkpoint("classifier"):
-        meta = store.model_meta("classifier")
+    saved = store.usable_checkpoint("classifier")  # read once: its metadata says how it was trained
+    if saved is not None:
+        meta = saved.get("meta", {})
         if meta.get("config", wanted) == wanted:
             return meta.get("seconds", 0.0)
         Progress("classifier", 1).message(f"{store.checkpoint_path('classifier')} was trained with other "

@@ -146,7 +146,7 @@ def read_source(root: str | Path, *, classes: list[str] | None = None,
 
 def check_source(root: str | Path, *, classes: list[str] | None = None, background: str | None = "auto",
                  max_pixels: int = MAX_PIXELS, min_side: int = MIN_SIDE,
-                 allow_external_links: bool = False) -> SourceCheck:
+                 allow_external_links: bool = False, headers: bool = True) -> SourceCheck:
     """List a source dataset and run every check that needs no decoding (the cheap checks, run
     before any worker starts). Never raises for problems of the data: see :class:`SourceCheck`
     and :meth:`SourceCheck.raise_for`.
@@ -156,6 +156,8 @@ def check_source(root: str | Path, *, classes: list[str] | None = None, backgrou
     max_pixels : images whose header gives more pixels are rejected (not decoded).
     min_side : images with a side under this many pixels are rejected.
     allow_external_links : accept image/mask files that are symbolic links leaving the source folder.
+    headers : read each image's header (size limits); False when the caller has just done so with
+        the same limits (the CLI checks before the cluster starts, the flow then need not again).
     """
     root = Path(root)
     out = SourceCheck(root, [], None)
@@ -196,7 +198,7 @@ def check_source(root: str | Path, *, classes: list[str] | None = None, backgrou
         if not it.tags:
             rows.reject(it, f"{src}: image {it.image_id!r} has no tags{at}; give at least one (separated by ';')")
     header = check_headers([it for it in items if not rows.is_rejected(it)], max_pixels=max_pixels,
-                           min_side=min_side)
+                           min_side=min_side) if headers else {}
     for it in items:
         for p in header.get(it.image_id, []):
             rows.reject(it, p)

@@ -39,11 +39,12 @@ def run_status(store: Store) -> dict:
                      "implicit_background": classes.names[classes.background] if classes.background is not None
                      else None}
     config = store.read_config() or {}
-    for r in store.finished_rounds():
+    finished = store.finished_rounds()
+    for r in finished:
         s = store.read_round(r) or {}
         out["rounds"].append({k: s.get(k) for k in ("round", "pseudo_label_miou", "changed_share", "ignore_share",
                                                     "wall_seconds", "train_epochs")})
-    unfinished = [r for r in store.rounds() if r not in store.finished_rounds()]
+    unfinished = [r for r in store.rounds() if r not in finished]
     if unfinished:
         r = unfinished[-1]
         n = len(store.manifest(config.get("split", "train")))

@@ -15,12 +15,13 @@ autocast and tensors are channels_last (on CPU, contiguous is faster).
 """
 from __future__ import annotations
 
+import abc
 import dataclasses
 import math
 import random
 import time
 from dataclasses import dataclass, field
-from typing import Callable, Sequence
+from typing import Callable, Iterator, Sequence
 
 import cv2
 import numpy as np
@@ -290,16 +291,18 @@ class EpochBatchSampler(torch.utils.data.Sampler):
                 yield [(e, i) for i in order[k * b:(k + 1) * b]]
 
 
-class BatchSource:
+class BatchSource(abc.ABC):
     """Batches made by the caller instead of a :class:`StoreDataset` (e.g. method C's patches).
 
-    Subclasses give ``steps_per_epoch`` and ``batches(start_epoch, epochs)``, an iterator of
-    ``(x, y)`` for those epochs (``x`` a tensor or a dict of keyword inputs)."""
+    Subclasses give ``steps_per_epoch`` and ``batches(start_epoch, epochs)``; a subclass without
+    ``batches`` cannot be instantiated."""
 
     steps_per_epoch: int = 1
 
-    def batches(self, start_epoch: int, epochs: int):
-        raise NotImplementedError
+    @abc.abstractmethod
+    def batches(self, start_epoch: int, epochs: int) -> Iterator[tuple]:
+        """``(x, y)`` batches for epochs ``start_epoch .. epochs - 1``, ``steps_per_epoch`` each
+        (``x`` a tensor or a dict of keyword inputs)."""
 
 
 def _loader(ds: StoreDataset, cfg: TrainConfig, device: torch.device, start_epoch: int = 0) -> DataLoader:

@@ -119,6 +119,12 @@ def _atomic_write_text(path: Path, text: str) -> None:
     os.replace(tmp, path)
 
 
+def _write_json(path: Path, data: dict, indent: int | None = 1) -> Path:
+    """A JSON state file, written atomically (numpy scalars as floats)."""
+    _atomic_write_text(path, json.dumps(data, indent=indent, default=float))
+    return path
+
+
 def _read_json(path: Path) -> dict | None:
     """A JSON state file, or None when there is none; a damaged one is named."""
     if not path.exists():
@@ -188,7 +194,7 @@ class Store:
     def write_ingest_report(self, report: dict) -> Path:
         """``corpus/ingest_report.json``: what an ingest listed, ingested and rejected (and why)."""
         path = self.corpus_dir / "ingest_report.json"
-        _atomic_write_text(path, json.dumps(report, indent=1))
+        _write_json(path, report)
         return path
 
     def drop_images(self, image_ids: Iterable[str]) -> None:
@@ -307,21 +313,21 @@ class Store:
     def has_checkpoint(self, kind: str, r: int | None = None, *, name: str | None = None) -> bool:
         return self.checkpoint_path(kind, r, name=name).is_file()
 
-    def usable_checkpoint(self, kind: str, r: int | None = None, *, name: str | None = None) -> bool:
-        """Whether checkpoint ``kind`` exists and reads back. A damaged one (cut short, say) is
-        named on the terminal and moved aside (``*.damaged``), so that its maker recomputes it."""
+    def usable_checkpoint(self, kind: str, r: int | None = None, *, name: str | None = None) -> dict | None:
+        """Checkpoint ``kind``'s plain content when it exists and reads back, else None. A damaged
+        one (cut short, say) is named on the terminal and moved aside (``*.damaged``), so that its
+        maker recomputes it."""
         from tasks.store.checkpoints import CheckpointError, read_file
 
         path = self.checkpoint_path(kind, r, name=name)
         if not path.is_file():
-            return False
+            return None
         try:
-            read_file(path)
+            return read_file(path)
         except CheckpointError as e:
             os.replace(path, path.with_name(path.name + ".damaged"))
             print(f"  [store] {e}; moved aside to {path.name}.damaged and computed again", file=sys.stderr, flush=True)
-            return False
-        return True
+            return None
 
     def write_model(self, kind: str, model: torch.nn.Module, r: int | None = None, *, name: str | None = None,
                     **spec) -> Path:
@@ -359,15 +365,14 @@ class Store:
         return _read_json(self.config_path)
 
     def write_config(self, config: dict) -> None:
-        _atomic_write_text(self.config_path, json.dumps(config, indent=1))
+        _write_json(self.config_path, config)
 
     @property
     def summary_path(self) -> Path:
         return self.root / "summary.json"
 
     def write_summary(self, summary: dict) -> Path:
-        _atomic_write_text(self.summary_path, json.dumps(summary, indent=1, default=float))
-        return self.summary_path
+        return _write_json(self.summary_path, summary)
 
     def read_summary(self) -> dict | None:
         return _read_json(self.summary_path)
@@ -376,9 +381,9 @@ class Store:
         """Record the error that ended ``command`` (``wsseg status`` shows it)."""
         import datetime as dt
 
-        _atomic_write_text(self.root / "last_error.json", json.dumps(
+        _write_json(self.root / "last_error.json", 
             {"command": command, "error": message,
-             "at": dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds")}, indent=1))
+             "at": dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds")})
 
     def last_error(self) -> dict | None:
         return _read_json(self.root / "last_error.json")
@@ -409,9 +414,7 @@ class Store:
 
     def write_json(self, name: str, data: dict) -> Path:
         """A named JSON report in the run directory (``<name>.json``), written atomically."""
-        path = self.root / f"{name}.json"
-        _atomic_write_text(path, json.dumps(data, indent=1, default=float))
-        return path
+        return _write_json(self.root / f"{name}.json", data)
 
     def read_json(self, name: str) -> dict | None:
         """A named JSON report of the run directory (``<name>.json``), or None when there is none."""
@@ -492,10 +495,10 @@ class Store:
             return None
 
     def mark_shard_done(self, r: int, stage: str, shard: str, info: dict) -> None:
-        _atomic_write_text(self.round_dir(r) / "done" / f"{stage}-{shard}.json", json.dumps(info))
+        _write_json(self.round_dir(r) / "done" / f"{stage}-{shard}.json", info, indent=None)
 
     def write_round(self, r: int, summary: dict) -> None:
-        _atomic_write_text(self.round_dir(r) / "round.json", json.dumps(summary, indent=1, default=float))
+        _write_json(self.round_dir(r) / "round.json", summary)
 
     def read_round(self, r: int) -> dict | None:
         """Round ``r``'s summary, or None when the round is not finished. A damaged summary is
