@@ -149,6 +149,9 @@ class _Similarity:
         self.box = np.zeros((cap, 4)); self.box[:n] = box * np.array([-1, -1, 1, 1])
         self.w_dense, self.w_size, self.w_fill, self.w_edge = weights
         self.total = total
+        # the same sizes and boxes as Python floats, for the scalar terms of :meth:`with_region`
+        self.size_list = self.size.tolist()
+        self.box_list = [tuple(b) for b in self.box.tolist()]
 
     def merge(self, a, b, c):
         sa, sb = self.size[a], self.size[b]
@@ -157,6 +160,31 @@ class _Similarity:
         if self.dense is not None:
             self.dense[c] = (sa * self.dense[a] + sb * self.dense[b]) / (sa + sb)
         self.box[c] = np.maximum(self.box[a], self.box[b])
+        self.size_list[c] = float(self.size[c])
+        self.box_list[c] = tuple(self.box[c].tolist())
+
+    def with_region(self, cand, c, esum, elen):
+        """``self(np.array(cand), c, np.array(esum), np.array(elen)).tolist()``, bit for bit: the
+        histogram (and dense) terms in numpy, the size, fill and edge terms of the few neighbours
+        of one region in Python floats, the same IEEE operations in the same order (numpy's
+        per-call cost dominates arrays this small)."""
+        s = np.minimum(self.hist[cand], self.hist[c]).sum(1)
+        if self.dense is not None and self.w_dense:
+            s += self.w_dense * np.exp(-0.5 * ((self.dense[cand] - self.dense[c]) ** 2).mean(1))
+        total, w_size, w_fill, w_edge = self.total, self.w_size, self.w_fill, self.w_edge
+        sizes, boxes = self.size_list, self.box_list
+        size_c = sizes[c]
+        c0, c1, c2, c3 = boxes[c]
+        out = []
+        for v, k, es, el in zip(s.tolist(), cand, esum, elen):
+            joint = (sizes[k] + size_c) / total
+            k0, k1, k2, k3 = boxes[k]
+            box = (max(k0, c0) + max(k2, c2)) * (max(k1, c1) + max(k3, c3)) / total
+            v += w_size * (1.0 - joint)
+            v += w_fill * (1.0 - (box - joint))
+            v += w_edge * (1.0 - es / max(el, 1.0))
+            out.append(v)
+        return out
 
     def __call__(self, pa, pb, esum, elen):
         """Similarity of ``pa[i]`` and ``pb[i]`` (``pb`` may be a single region id)."""
@@ -218,9 +246,8 @@ def _merge_hierarchy(similarity, n, pair_a, pair_b, edge_sum, edge_len):
             cand.append(k)
             sums.append(s)
             lens.append(l)
-        scores = similarity(np.array(cand), c, np.array(sums), np.array(lens))
-        for k, v in zip(cand, (-scores).tolist()):
-            heapq.heappush(heap, (v, k, c))
+        for k, v in zip(cand, similarity.with_region(cand, c, sums, lens)):
+            heapq.heappush(heap, (-v, k, c))
     return children
 
 

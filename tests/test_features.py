@@ -142,3 +142,22 @@ def test_features_and_edges_are_bitwise_reproducible():
         feats = [superpixel_features(image, labels) for _ in range(6)]
         assert all(np.array_equal(edges[0], e) for e in edges[1:]), name
         assert all(np.array_equal(feats[0], f) for f in feats[1:]), name
+
+
+def test_lbp_is_scikit_image_s_bit_for_bit():
+    """The vectorised uniform LBP must be scikit-image's exactly (the features, hence the
+    classifiers and the pseudo-labels, would move otherwise): the sample photos, noise, a
+    flat image and a few-level image with many equal neighbours, at P=8, R=1 and two others."""
+    from skimage.feature import local_binary_pattern
+
+    from tasks.features import _lbp_uniform
+
+    rng = np.random.default_rng(0)
+    grays = [cv2.cvtColor(cv2.imread(str(p)), cv2.COLOR_BGR2GRAY) for p in sorted(SAMPLE.glob("*.jpg"))[:12]]
+    grays += [rng.integers(0, 256, (41, 57)).astype(np.uint8), np.full((9, 13), 7, np.uint8),
+              (rng.integers(0, 3, (37, 53)) * 100).astype(np.uint8)]
+    for gray in grays:
+        for p, r in ((8, 1), (8, 2), (16, 2)):
+            want = local_binary_pattern(gray, p, r, method="uniform")
+            got = _lbp_uniform(gray, p, r)
+            assert got.dtype == want.dtype and np.array_equal(got, want), (gray.shape, p, r)

@@ -271,3 +271,63 @@ def test_pseudo_label_implicit_background():
     assert np.all(label == 0)
     label, _ = pseudo_label(img, sp_labels, membership, prob, prelim, tags, **OLD_DEFAULTS)
     assert np.all(label == 1)
+
+
+def test_fast_internals_are_the_plain_formulas_bit_for_bit():
+    """The seeded segmentation's shortcuts must not move the pseudo-labels by one bit: the GMM
+    density (term by term, on distinct colours) against ``np.einsum`` on every pixel, with
+    GrabCut models fitted on a sample photo; block means and block seeds against their plain
+    numpy formulas; the channel argmax against ``np.argmax`` (ties, NaN)."""
+    from pathlib import Path
+
+    import cv2
+
+    from tasks.fusion import _argmax_channels, _block_mean, _block_seeds, _gmm_logpdf
+
+    path = sorted((Path(__file__).resolve().parents[1] / "flows" / "sample" / "msrc21" / "images").glob("*.jpg"))[0]
+    image = np.ascontiguousarray(cv2.cvtColor(cv2.imread(str(path)), cv2.COLOR_BGR2RGB)[::2, ::2])
+    h, w = image.shape[:2]
+    mask = np.full((h, w), cv2.GC_PR_BGD, np.uint8)
+    mask[: h // 3] = cv2.GC_BGD
+    mask[-h // 3:, w // 4: 3 * w // 4] = cv2.GC_FGD
+    bgd, fgd = np.zeros((1, 65)), np.zeros((1, 65))
+    cv2.setRNGSeed(0)
+    cv2.grabCut(image, mask, None, bgd, fgd, 2, cv2.GC_INIT_WITH_MASK)
+    pixels = image.reshape(-1, 3).astype(np.float64)
+    for model in (bgd, fgd):
+        m = model.ravel()
+        coefs, means = m[:5], m[5:20].reshape(5, 3)
+        covs = m[20:].reshape(5, 3, 3) + 1e-2 * np.eye(3)
+        logs = []
+        for c in range(5):
+            if coefs[c] > 0:
+                d = pixels - means[c]
+                maha = np.einsum("ni,ij,nj->n", d, np.linalg.inv(covs[c]), d)
+                logs.append(np.log(coefs[c]) - 0.5 * (maha + np.linalg.slogdet(covs[c])[1] + 3 * np.log(2 * np.pi)))
+        want = np.logaddexp.reduce(np.stack(logs), axis=0)
+        assert np.array_equal(_gmm_logpdf(model, pixels), want)
+        colours, first = np.unique(pixels, axis=0, return_index=True)
+        cols = tuple(np.ascontiguousarray(colours[:, i]) for i in range(3))
+        assert np.array_equal(_gmm_logpdf(model, cols), want[first])
+
+    rng = np.random.default_rng(0)
+    for f in (2, 3):
+        want = np.pad(image.astype(np.float64), ((0, -h % f), (0, -w % f), (0, 0)), mode="edge")
+        want = want.reshape(want.shape[0] // f, f, want.shape[1] // f, f, 3).mean(axis=(1, 3))
+        assert np.array_equal(_block_mean(image, f), want)
+        seeds = rng.integers(0, 4, (h, w)) * (rng.random((h, w)) < 0.7)
+        seeds[: h // 2] = 2
+        padded = np.pad(seeds, ((0, -h % f), (0, -w % f)), mode="edge")
+        blocks = padded.reshape(padded.shape[0] // f, f, -1, f).transpose(0, 2, 1, 3).reshape(
+            padded.shape[0] // f, padded.shape[1] // f, f * f)
+        want = np.zeros(blocks.shape[:2], np.int32)
+        for c in range(1, 4):
+            want[(blocks == c).sum(axis=-1) * 2 > f * f] = c
+        got = _block_seeds(seeds, f, 3)
+        assert got.dtype == want.dtype and np.array_equal(got, want)
+
+    maps = rng.integers(0, 3, (5, 20, 30)).astype(np.float32)  # many ties
+    channels = np.array([0, 2, 3, 4])
+    assert np.array_equal(_argmax_channels(maps, channels), np.argmax(maps[channels], axis=0))
+    maps[3, 4, 5] = np.nan
+    assert np.array_equal(_argmax_channels(maps, channels), np.argmax(maps[channels], axis=0))
