@@ -4,10 +4,12 @@
   writes ``<out>/segment.json``; its Prefect and MLflow state live in the ``--out`` folder.
 * :func:`bench_highres` compares, on the same images and step budget, (a) global-local, (b) the
   same network on patches without the global inputs and (c) the whole image downsampled to the
-  patch size (:mod:`tasks.highres`); it measures the peak memory of ``wsseg segment`` on an
-  evaluation image at its original size and at twice its side, and the CPU throughput; writes
-  the JSON, an overlay PNG and the global-local checkpoint. Its Prefect and MLflow state live
-  in the folder of ``--out``.
+  patch size, and on request the ablations of :data:`tasks.highres.VARIANTS`
+  (:mod:`tasks.highres`); two-class corpora (HRF) are scored by vessel IoU / F1, others by
+  per-class IoU and mIoU; it measures the peak memory of ``wsseg segment`` on an evaluation
+  image at its original size and at twice its side, and the CPU throughput; writes the JSON,
+  an overlay PNG and the global-local checkpoint. Its Prefect and MLflow state live in the
+  folder of ``--out``.
 
 Import this module only after :func:`flows.runtime.prepare` has set the environment.
 """
@@ -56,40 +58,64 @@ def segment(inputs: list[str], model: str, out: str, patch_size: int | None = No
 
 
 @flow(name="bench-highres")
-def bench_highres(data: str, split: str, out: str, train_n: int = 12, eval_n: int = 3, patch_size: int = 256,
-                  scale: float = 0.5, steps: int = 400, batch: int = 4, lr: float = 2e-3, width: int = 16,
-                  blocks: tuple[int, ...] = (1, 1, 1), overlap: int = 32, balanced: float = 0.0,
-                  class_weights: tuple[float, ...] | None = (1.0, 2.0), seed: int = 0, threads: int | None = 2,
-                  device: str = "cpu") -> dict:
-    """Global-local vs. patches without context vs. downsampled whole image; see :mod:`tasks.highres`.
-    Returns the dict written to ``out`` (JSON)."""
+def bench_highres(data: str, split: str, out: str, train_n: int | None = 12, eval_n: int | None = 3,
+                  patch_size: int = 256, scale: float = 0.5, steps: int = 400, batch: int = 4, lr: float = 2e-3,
+                  width: int = 16, blocks: tuple[int, ...] = (1, 1, 1), overlap: int = 32, balanced: float = 0.0,
+                  class_weights: tuple[float, ...] | None | str = "auto", seed: int = 0, threads: int | None = 2,
+                  device: str = "cpu", eval_split: str | None = None,
+                  variants: tuple[str, ...] = hr.DEFAULT_VARIANTS, images_per_batch: int = 2,
+                  memory_probe: bool = True) -> dict:
+    """Global-local vs. patches without context vs. downsampled whole image (and any other of
+    ``tasks.highres.VARIANTS``); see :mod:`tasks.highres`. ``class_weights="auto"``: (1, 2) for a
+    two-class (vessel) corpus, none otherwise. Returns the dict written to ``out`` (JSON)."""
     import torch
 
     t_start = time.perf_counter()
+    unknown = [v for v in variants if v not in hr.VARIANTS]
+    if unknown or not variants:
+        raise ValueError(f"unknown variants {unknown}; choose from {', '.join(hr.VARIANTS)}")
     if threads:
         torch.set_num_threads(threads)
-    d = hr.load_bench_data(data, split, train_n=train_n, eval_n=eval_n, scale=scale)
+    d = hr.load_bench_data(data, split, train_n=train_n, eval_n=eval_n, scale=scale, eval_split=eval_split)
+    if class_weights == "auto":
+        class_weights = (1.0, 2.0) if d.num_classes == 2 else None
     print(f"highres: {len(d.train_ids)} training / {len(d.eval_ids)} evaluation images at {d.images[0].shape[1]}x"
-          f"{d.images[0].shape[0]} (scale {scale}), patch {patch_size}, {steps} steps x {batch}", file=sys.stderr, flush=True)
+          f"{d.images[0].shape[0]} (scale {scale}), {d.num_classes} classes, patch {patch_size}, {steps} steps x "
+          f"{batch}", file=sys.stderr, flush=True)
     options = dict(patch_size=patch_size, width=width, blocks=tuple(blocks))
     results: dict = {"train_ids": d.train_ids, "eval_ids": d.eval_ids, "scale": scale, "patch_size": patch_size,
                      "steps": steps, "batch": batch, "width": width, "blocks": list(blocks), "overlap": overlap,
                      "threads": threads, "seed": seed}
+    if d.num_classes > 2:
+        results.update({"classes": d.classes, "eval_split": eval_split, "variants": list(variants),
+                        "images_per_batch": images_per_batch, "lr": lr,
+                        "budget": {"train_images": len(d.train_ids), "eval_images": len(d.eval_ids),
+                                   "steps": steps, "patches_per_step": batch, "images_per_step": images_per_batch,
+                                   "seed": seed, "note": "the same for every variant (downsampled: whole images "
+                                                         "resized to the patch size instead of patches)"}})
     train = dict(options=options, steps=steps, batch=batch, lr=lr, seed=seed, device=device, balanced=balanced,
-                 class_weights=class_weights)
-    for name, use_global, mode, downsampled in hr.VARIANTS:
-        model, figures = hr.train_variant(name, d, use_global=use_global, downsampled=downsampled, **train)
-        preds, scores = hr.evaluate_variant(name, model, d, mode=mode, overlap=overlap, batch=batch, device=device)
+                 class_weights=class_weights, images_per_batch=images_per_batch)
+    ckpt = overlay = None
+    for name in variants:
+        variant = hr.VARIANTS[name]
+        model, opts, figures = hr.train_variant(name, d, **train)
+        first, scores = hr.evaluate_variant(name, model, d, mode=variant.mode, overlap=overlap, batch=batch,
+                                            device=device)
         results.update(figures | scores)
-        if name == "global_local":
-            ckpt = hr.save_bench_model(out, model, options=options, scale=scale, overlap=overlap)
-            overlay = hr.write_overlay(out, data, d, preds[0])
-    results.update(hr.measure_segment_memory(ckpt, files.dataset_image_path(data, d.eval_ids[0]), overlap=overlap,
-                                             batch=batch, threads=threads or torch.get_num_threads()))
-    results.update({"overlay_png": overlay.name, "checkpoint": ckpt.name})
-    print(f"  memory of `wsseg segment`: peak {results['peak_mem_mb_1x']} MB / {results['peak_mem_mb_2x']} MB "
-          f"(2x side), ratio {results['peak_mem_ratio_2x']}; {results['mpix_per_s']} Mpx/s", file=sys.stderr,
-          flush=True)
+        if ckpt is None and variant.use_global:
+            ckpt = hr.save_bench_model(out, model, options=opts, scale=scale, overlap=overlap, classes=d.classes)
+            overlay = hr.write_overlay(out, data, d, first)
+        del model, first
+        files.write_json(out, {**results, "variants_done": variants[:variants.index(name) + 1]})  # so far
+    if memory_probe and ckpt is not None:
+        results.update(hr.measure_segment_memory(ckpt, files.dataset_image_path(data, d.eval_ids[0]),
+                                                 overlap=overlap, batch=batch,
+                                                 threads=threads or torch.get_num_threads()))
+        print(f"  memory of `wsseg segment`: peak {results['peak_mem_mb_1x']} MB / {results['peak_mem_mb_2x']} MB "
+              f"(2x side), ratio {results['peak_mem_ratio_2x']}; {results['mpix_per_s']} Mpx/s", file=sys.stderr,
+              flush=True)
+    if ckpt is not None:
+        results.update({"overlay_png": overlay.name, "checkpoint": ckpt.name})
     results["wall_seconds"] = round(time.perf_counter() - t_start, 1)
     path = files.write_json(out, results)
     tracker = Tracker(Path(out).parent)
@@ -99,6 +125,7 @@ def bench_highres(data: str, split: str, out: str, train_n: int = 12, eval_n: in
         tracker.log_metrics({k: v for k, v in results.items() if isinstance(v, (int, float)) and k not in
                              ("scale", "patch_size", "steps", "batch", "width", "overlap", "threads", "seed")})
         for artifact in (path, overlay):
-            tracker.log_artifact(artifact)
+            if artifact is not None:
+                tracker.log_artifact(artifact)
     print(f"highres: wrote {path} ({results['wall_seconds']} s)", file=sys.stderr, flush=True)
     return results

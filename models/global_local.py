@@ -20,6 +20,14 @@ The pooling branch is the outer product, per channel, of the column of row means
 pooled along W) and the row of column means (average pooled along H): the matrix product of
 an (h, 1) and a (1, w) matrix.  ``use_global=False`` drops the coarse path (F2, A2, F5 and
 F2's maps in the spatial branch): the "patches without global context" ablation.
+
+Ablations and variants (all off by default, which is the network above): ``pooling=False`` /
+``spatial=False`` drop the pooling branch (A1, A2) / the spatial branch (F4, F5) from F6, so
+``pooling=spatial=False`` is "F1 and F2 alone"; ``coarse_size`` gives the coarse image its own
+side (default the patch size); ``global_weight`` multiplies F2 by a learnable scalar that starts
+at that value (0: the network starts as if it had no global input); ``coarse_head`` adds a 1x1
+classifier on the coarse feature map G, whose logits :meth:`forward_patches` returns on request
+(``with_coarse``) for an auxiliary loss on the coarse image.
 """
 
 from __future__ import annotations
@@ -140,12 +148,22 @@ class GlobalLocalNet(nn.Module):
         Overlap of the patches :meth:`forward` cuts.
     patch_batch : int
         Patches per backbone call in :meth:`forward`.
+    pooling, spatial : bool
+        Keep the pooling branch (A1, A2) / the spatial branch (F4, F5) in F6.
+    coarse_size : int, optional
+        Side of the coarse image (a multiple of 4; default ``patch_size``).
+    global_weight : float, optional
+        F2 is multiplied by a learnable scalar starting at this value (default: no scalar).
+    coarse_head : bool
+        Add a classifier on the coarse features (:meth:`coarse_logits`, auxiliary loss).
     """
 
     def __init__(self, num_classes: int, in_channels: int = 3, *, patch_size: int = 512, width: int = 32,
                  n_convs: int = 2, m_convs: int = 2, blocks: Sequence[int] = (2, 2, 2),
                  use_global: bool = True, overlap: int = 0, patch_batch: int = 4,
-                 norm_layer: Callable[[int], nn.Module] | None = None) -> None:
+                 norm_layer: Callable[[int], nn.Module] | None = None, pooling: bool = True,
+                 spatial: bool = True, coarse_size: int | None = None, global_weight: float | None = None,
+                 coarse_head: bool = False) -> None:
         super().__init__()
         if num_classes < 1:
             raise ValueError(f"num_classes must be >= 1, got {num_classes}")
@@ -155,20 +173,29 @@ class GlobalLocalNet(nn.Module):
             raise ValueError(f"n_convs and m_convs must be >= 2 (METHOD.md C), got {n_convs}, {m_convs}")
         if not 0 <= overlap < patch_size:
             raise ValueError(f"overlap must lie in [0, patch_size), got {overlap}")
+        coarse_size = int(coarse_size or patch_size)
+        if coarse_size < 8 or coarse_size % 4:
+            raise ValueError(f"coarse_size must be a multiple of 4 (>= 8), got {coarse_size}")
         norm_layer = norm_layer or nn.BatchNorm2d
         self.num_classes, self.in_channels, self.patch_size = num_classes, in_channels, patch_size
         self.use_global = use_global
         self.overlap, self.patch_batch = overlap, patch_batch
+        self.pooling, self.with_spatial, self.coarse_size = pooling, spatial, coarse_size
         c = width
         self.backbone = CompactHRNet(in_channels, width, blocks, norm_layer)
         self.stride = self.backbone.stride
         # spatial branch: n convolutions of different kernel sizes on the avg/max maps
         n_maps = 4 if use_global else 2
-        kernels = [3, 7, 5, 9, 11, 13][:n_convs] + [2 * i + 3 for i in range(6, n_convs)]
-        self.spatial = nn.ModuleList(_conv_bn_relu(n_maps, 8, k, 1, norm_layer) for k in kernels)
-        self.spatial_out = nn.Conv2d(8 * n_convs, 1, 3, padding=1)
+        if spatial:
+            kernels = [3, 7, 5, 9, 11, 13][:n_convs] + [2 * i + 3 for i in range(6, n_convs)]
+            self.spatial = nn.ModuleList(_conv_bn_relu(n_maps, 8, k, 1, norm_layer) for k in kernels)
+            self.spatial_out = nn.Conv2d(8 * n_convs, 1, 3, padding=1)
+        if use_global and global_weight is not None:
+            self.global_gate = nn.Parameter(torch.tensor(float(global_weight)))
+        if use_global and coarse_head:
+            self.coarse_classifier = nn.Conv2d(c, num_classes, 1)
         # F6 -> reduce -> m identical conv-bn-relu -> two kernels concatenated (F7) -> classifier
-        n_f6 = 6 if use_global else 3
+        n_f6 = (2 if use_global else 1) * (1 + int(pooling) + int(spatial))
         self.reduce = _conv_bn_relu(n_f6 * c, c, 1, 1, norm_layer)
         self.convs = nn.Sequential(*[_conv_bn_relu(c, c, 3, 1, norm_layer) for _ in range(m_convs)])
         self.head1 = _conv_bn_relu(c, c // 2, 1, 1, norm_layer)
@@ -198,35 +225,56 @@ class GlobalLocalNet(nn.Module):
         """
         if not self.use_global:
             return self.backbone(patches), None
-        if coarse_feats is None:
-            both = self.backbone(torch.cat([patches, coarse.to(patches.dtype)]))
-            f1, g = both[:patches.shape[0]], both[patches.shape[0]:]
-        else:
-            f1, g = self.backbone(patches), coarse_feats
-        scale = g.shape[-1] / patches.shape[-1]     # coarse images have the patch size
+        f1, g = self._backbone_both(patches, coarse, coarse_feats)
+        return f1, self._roi(g, boxes, f1)
+
+    def _backbone_both(self, patches: Tensor, coarse: Tensor | None, coarse_feats: Tensor | None):
+        """F1 and the coarse feature map G (one backbone batch when both have the same side)."""
+        if coarse_feats is not None:
+            return self.backbone(patches), coarse_feats
+        coarse = coarse.to(patches.dtype)
+        if coarse.shape[-1] != patches.shape[-1]:
+            return self.backbone(patches), self.backbone(coarse)
+        both = self.backbone(torch.cat([patches, coarse]))
+        return both[:patches.shape[0]], both[patches.shape[0]:]
+
+    def _roi(self, g: Tensor, boxes: Tensor, f1: Tensor) -> Tensor:
+        """F2: each box's region of G (boxes in coarse-image pixels), at F1's size, times the gate."""
+        scale = g.shape[-1] / self.coarse_size
         f2 = roi_align(g, boxes.to(g.dtype), f1.shape[-2:], spatial_scale=scale, sampling_ratio=-1, aligned=True)
-        return f1, f2
+        return f2 * self.global_gate if hasattr(self, "global_gate") else f2
+
+    def coarse_logits(self, coarse: Tensor) -> Tensor:
+        """(B, K, c, c) logits of the coarse images from the coarse head (``coarse_head=True``)."""
+        if not hasattr(self, "coarse_classifier"):
+            raise ValueError("coarse_logits needs a model built with coarse_head=True")
+        logits = self.coarse_classifier(self.backbone(coarse))
+        return F.interpolate(logits, size=coarse.shape[-2:], mode="bilinear", align_corners=False)
 
     def forward_patches(self, patches: Tensor, coarse: Tensor | None = None, boxes: Tensor | None = None, *,
-                        coarse_feats: Tensor | None = None) -> Tensor:
+                        coarse_feats: Tensor | None = None, with_coarse: bool = False):
         """Segment patches with their global context.
 
         Parameters
         ----------
         patches : (N, C_in, p, p) float tensor
             Normalised image patches.
-        coarse : (B, C_in, p, p) float tensor
-            Normalised coarse images (ignored when ``use_global`` is False).
+        coarse : (B, C_in, c, c) float tensor
+            Normalised coarse images, ``c = coarse_size`` (ignored when ``use_global`` is False).
         boxes : (N, 5) tensor
             ``[batch_idx into coarse, x1, y1, x2, y2]``: each patch's region in coarse-image
             pixel coordinates.
-        coarse_feats : (B, C, p/4, p/4) tensor, optional
+        coarse_feats : (B, C, c/4, c/4) tensor, optional
             ``self.coarse_features(coarse)`` computed once per image, used instead of
             ``coarse`` (inference over many patches of one image).
+        with_coarse : bool
+            Also return the coarse head's (B, num_classes, c, c) logits of ``coarse``
+            (``coarse_head=True``; the backbone runs once on patches and coarse images).
 
         Returns
         -------
         logits : (N, num_classes, p, p) tensor
+            (``with_coarse``: a tuple ``(logits, coarse_logits)``.)
         """
         if patches.ndim != 4:
             raise ValueError(f"patches must be (N, C, p, p), got shape {tuple(patches.shape)}")
@@ -235,23 +283,35 @@ class GlobalLocalNet(nn.Module):
                 raise ValueError("forward_patches needs coarse (or coarse_feats) and boxes when use_global=True")
             if tuple(boxes.shape) != (patches.shape[0], 5):
                 raise ValueError(f"boxes must be (N={patches.shape[0]}, 5), got {tuple(boxes.shape)}")
-            if coarse is not None and tuple(coarse.shape[1:]) != tuple(patches.shape[1:]):
-                raise ValueError(f"coarse images must have the patches' shape {tuple(patches.shape[1:])}, "
+            want = (patches.shape[1], self.coarse_size, self.coarse_size)
+            if coarse is not None and tuple(coarse.shape[1:]) != want:
+                raise ValueError(f"coarse images must be {want} (channels, coarse_size, coarse_size), "
                                  f"got {tuple(coarse.shape[1:])}")
-        f1, f2 = self.local_global_features(patches, coarse, boxes, coarse_feats=coarse_feats)
+        if with_coarse and (coarse is None or not hasattr(self, "coarse_classifier")):
+            raise ValueError("with_coarse needs coarse images and a model built with coarse_head=True")
+        coarse_logits = None
+        if not self.use_global:
+            f1, f2 = self.backbone(patches), None
+        else:
+            f1, g = self._backbone_both(patches, coarse, coarse_feats)
+            f2 = self._roi(g, boxes, f1)
+            if with_coarse:
+                coarse_logits = F.interpolate(self.coarse_classifier(g), size=coarse.shape[-2:], mode="bilinear",
+                                              align_corners=False)
         feats = [f1] if f2 is None else [f1, f2]
-        # pooling branch
-        pooled = [self.pool_product(f) for f in feats]
-        # spatial branch
-        maps = torch.cat([m for f in feats for m in (f.mean(1, keepdim=True), f.amax(1, keepdim=True))], 1)
-        s = torch.sigmoid(self.spatial_out(torch.cat([conv(maps) for conv in self.spatial], 1)))
-        attended = [f * s for f in feats]
+        parts = list(feats)
+        if self.pooling:                    # pooling branch
+            parts += [self.pool_product(f) for f in feats]
+        if self.with_spatial:               # spatial branch
+            maps = torch.cat([m for f in feats for m in (f.mean(1, keepdim=True), f.amax(1, keepdim=True))], 1)
+            s = torch.sigmoid(self.spatial_out(torch.cat([conv(maps) for conv in self.spatial], 1)))
+            parts += [f * s for f in feats]
         # fusion head
-        f6 = torch.cat(feats + pooled + attended, 1)
+        f6 = torch.cat(parts, 1)
         x = self.convs(self.reduce(f6))
         f7 = torch.cat([self.head1(x), self.head3(x)], 1)
-        logits = self.classifier(f7)
-        return F.interpolate(logits, size=patches.shape[-2:], mode="bilinear", align_corners=False)
+        logits = F.interpolate(self.classifier(f7), size=patches.shape[-2:], mode="bilinear", align_corners=False)
+        return logits if coarse_logits is None else (logits, coarse_logits)
 
     @property
     def needs_global_context(self) -> bool:
@@ -295,9 +355,9 @@ class GlobalLocalNet(nn.Module):
         b, _, height, width = x.shape
         p = self.patch_size
         grid = patch_grid(height, width, p, overlap=self.overlap)
-        coarse = coarse_input(x, p)
+        coarse = coarse_input(x, self.coarse_size)
         outs = []
-        boxes = patch_boxes_in_coarse(grid, height, width, p).to(x.device)
+        boxes = patch_boxes_in_coarse(grid, height, width, self.coarse_size).to(x.device)
         for i in range(b):
             stitcher = Stitcher(height, width)
             # at inference the coarse features are computed once per image; in training the
@@ -447,9 +507,10 @@ def segment_large(model: GlobalLocalNet, image, *, patch_size: int | None = None
     model.eval().to(device)
     height, width = image.shape[:2]
     grid = patch_grid(height, width, p, overlap=overlap)
-    coarse = normalize(coarse_image(image, p), mean, std)[None].to(device) if model.use_global else None
+    c = model.coarse_size
+    coarse = normalize(coarse_image(image, c), mean, std)[None].to(device) if model.use_global else None
     coarse_feats = model.coarse_features(coarse) if coarse is not None else None
-    boxes = patch_boxes_in_coarse(grid, height, width, p).to(device)
+    boxes = patch_boxes_in_coarse(grid, height, width, c).to(device)
     labels = np.empty((height, width), dtype=np.uint8) if out is None else out
     rows = RowStitcher(height, width, p)
     done_rows = 0

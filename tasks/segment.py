@@ -80,8 +80,10 @@ def segment(inputs: Sequence[str | os.PathLike], model: str | os.PathLike, out_d
        working image is added (its filters' memory grows with the image);
     2. ``fov="auto"``: estimate the camera's field of view (:func:`tasks.fov.fov_or_all`,
        kept as one bit per pixel); when the image has a dark surround (fundus
-       photographs), pixels outside it get class 0, else all pixels are kept;
-       ``fov="none"``: keep all pixels;
+       photographs), pixels outside it get class 0, else all pixels are kept; skipped for a
+       model whose class 0 is not a background (``meta["classes"][0]``, e.g. msrc21's
+       "building": a dark corner of a photo is no field-of-view border); ``fov="none"``:
+       keep all pixels;
     3. segment patch by patch with the coarse image (:func:`models.global_local.segment_large`);
        a working image above ``SPILL_PIXELS`` is first moved to a temporary Zarr array in
        ``out_dir`` (and the labels go to one), so that during inference only patches,
@@ -157,6 +159,9 @@ def segment(inputs: Sequence[str | os.PathLike], model: str | os.PathLike, out_d
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
     palette = files.palette(net.num_classes)
+    names = list(meta.get("classes") or [])
+    if names and names[0] != "background":
+        fov = "none"
     written = []
     for n, path in enumerate(paths, 1):
         t0 = time.perf_counter()

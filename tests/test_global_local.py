@@ -148,7 +148,7 @@ def test_small_image_and_errors():
         global_local(2, patch_size=30)
     with pytest.raises(ValueError, match="needs coarse"):
         model.forward_patches(torch.zeros(1, 3, 32, 32))
-    with pytest.raises(ValueError, match="patches' shape"):
+    with pytest.raises(ValueError, match="coarse images must be"):
         model.forward_patches(torch.zeros(1, 3, 32, 32), torch.zeros(1, 3, 16, 16), torch.zeros(1, 5))
 
 
@@ -293,3 +293,76 @@ def test_four_channel_inference_sees_the_whole_image():
     assert labels.shape == (64, 96)
     with pytest.raises(ValueError, match="channels"):
         segment_large(model, image)
+
+
+# ------------------------------------------------------------------------------------------ ablations (bench highres)
+@pytest.mark.parametrize("pooling,spatial,n_maps", [(False, False, 2), (True, False, 4), (False, True, 4)])
+def test_branches_can_be_left_out(pooling, spatial, n_maps):
+    model = _tiny(pooling=pooling, spatial=spatial)
+    assert model.reduce[0].in_channels == n_maps * 8                 # F6 = [F1, F2] (+ [A1, A2]) (+ [F4, F5])
+    assert hasattr(model, "spatial") == spatial
+    with torch.no_grad():
+        out = model(torch.randn(1, 3, 45, 50))
+    assert out.shape == (1, 3, 45, 50) and torch.isfinite(out).all()
+    assert _tiny(use_global=False, pooling=pooling, spatial=spatial).reduce[0].in_channels == n_maps * 8 // 2
+
+
+def test_global_weight_zero_starts_without_the_coarse_image():
+    model = _tiny(global_weight=0.0)
+    patches = torch.randn(2, 3, 32, 32)
+    boxes = torch.tensor([[0, 0, 0, 16, 16], [0, 8, 8, 24, 24.0]])
+    with torch.no_grad():
+        a = model.forward_patches(patches, torch.randn(1, 3, 32, 32), boxes)
+        b = model.forward_patches(patches, torch.randn(1, 3, 32, 32), boxes)
+    torch.testing.assert_close(a, b)                                  # F2 (and its maps) are 0 at the start
+    assert isinstance(model.global_gate, torch.nn.Parameter)
+    with torch.no_grad():
+        model.global_gate.fill_(1.0)
+        c = model.forward_patches(patches, torch.randn(1, 3, 32, 32), boxes)
+    assert not torch.allclose(a, c)
+
+
+def test_coarse_size_other_than_the_patch():
+    model = _tiny(coarse_size=64)
+    image = np.random.default_rng(0).integers(0, 256, (70, 90, 3), dtype=np.uint8)
+    labels = segment_large(model, image, overlap=4, batch=2)
+    x = normalize(image)[None]
+    with torch.no_grad():
+        want = model(x)                                               # torch's coarse resize, 64 x 64
+    assert labels.shape == (70, 90)
+    assert (labels == want[0].argmax(0).numpy()).mean() > 0.95       # only the coarse resize differs
+    with pytest.raises(ValueError, match="coarse images must be"):
+        model.forward_patches(torch.zeros(1, 3, 32, 32), torch.zeros(1, 3, 32, 32), torch.zeros(1, 5))
+    with pytest.raises(ValueError, match="coarse_size"):
+        _tiny(coarse_size=30)
+
+
+def test_coarse_head_logits_and_loss():
+    from tasks import highres as hr
+    model = _tiny(coarse_head=True)
+    patches, coarse = torch.randn(2, 3, 32, 32), torch.randn(1, 3, 32, 32)
+    boxes = torch.tensor([[0, 0, 0, 16, 16], [0, 8, 8, 24, 24.0]])
+    with torch.no_grad():
+        logits, coarse_logits = model.forward_patches(patches, coarse, boxes, with_coarse=True)
+        torch.testing.assert_close(logits, model.forward_patches(patches, coarse, boxes))
+        torch.testing.assert_close(coarse_logits, model.coarse_logits(coarse))
+    assert coarse_logits.shape == (1, 3, 32, 32)
+    with pytest.raises(ValueError, match="coarse_head"):
+        _tiny().forward_patches(patches, coarse, boxes, with_coarse=True)
+    # trained with the auxiliary loss on two-colour images: the loss falls, the coarse head learns too
+    rng = np.random.default_rng(0)
+    images, masks = [], []
+    for k in range(2):
+        mask = np.zeros((48, 64), np.uint8)
+        mask[:, 32:] = 1 + k
+        mask[:2] = 255
+        image = np.where(mask[..., None] == 0, 60, 190).astype(np.uint8) + rng.integers(0, 9, (48, 64, 3), np.uint8)
+        images.append(image)
+        masks.append(mask)
+    torch.manual_seed(0)
+    model = global_local(3, patch_size=32, width=8, blocks=(1, 1), coarse_head=True)
+    _, losses = hr.train_highres(images, masks, model=model, patch_size=32, steps=12, batch=2, lr=1e-2, seed=0,
+                                 coarse_loss=0.5)
+    assert np.mean(losses[-3:]) < np.mean(losses[:3])
+    with pytest.raises(ValueError, match="coarse_head"):
+        hr.train_highres(images, masks, model=_tiny(), patch_size=32, steps=1, coarse_loss=0.5)

@@ -263,3 +263,125 @@ def test_parsers_register_commands():
         parser.parse_args(["segment", "x.jpg", "--model", "m.pt", "--out", "o", "--fov", "sometimes"])
     help_text = sub.choices["segment"].format_help()
     assert "global-local" in help_text and "--checkpoint" in help_text and "--out-dir" in help_text
+
+
+# ---------------------------------------------------------------------------------------------- multi-class corpus
+def test_reduce_mask_many_classes_takes_the_largest_area():
+    full = np.array([[3, 3, 0, 2],
+                     [3, 0, 2, 2],
+                     [255, 255, 5, 255],
+                     [255, 4, 255, 255]], np.uint8)
+    np.testing.assert_array_equal(hr.reduce_mask(full, (2, 2)), [[3, 2], [255, 255]])
+    # a tie goes to the lower index; a block half annotated is kept
+    np.testing.assert_array_equal(hr.reduce_mask(np.array([[7, 2], [255, 255]], np.uint8), (1, 1)), [[2]])
+
+
+def test_confusion_and_class_scores_known_answer():
+    pred = np.array([[0, 0, 1, 2, 2]], np.uint8)
+    mask = np.array([[0, 1, 1, 2, 255]], np.uint8)
+    conf = hr.confusion(pred, mask, 4)
+    assert conf.sum() == 4 and conf[0, 0] == 1 and conf[1, 0] == 1 and conf[1, 1] == 1 and conf[2, 2] == 1
+    s = hr.class_scores(conf, ["a", "b", "c", "d"])
+    # a: tp 1 / (1 + 1 fp); b: 1 / (2 + 0); c: 1 / 1; d absent everywhere: not scored
+    assert s["class_iou"] == {"a": 0.5, "b": 0.5, "c": 1.0}
+    assert s["miou"] == pytest.approx(2 / 3) and s["pixel_accuracy"] == 0.75 and s["classes_evaluated"] == 3
+    # a class only predicted has IoU 0 but does not count in the mean over the classes of the masks
+    s = hr.class_scores(hr.confusion(np.array([[3, 0]], np.uint8), np.array([[0, 0]], np.uint8), 4), list("abcd"))
+    assert s["class_iou"] == {"a": 0.5, "d": 0.0} and s["miou"] == 0.5
+    with pytest.raises(ValueError, match="differ in shape"):
+        hr.confusion(pred, mask[:, :3], 4)
+
+
+def test_load_split_with_an_eval_split(tmp_path):
+    (tmp_path / "train.txt").write_text("a\nb\nc\n")
+    (tmp_path / "val.txt").write_text("x\ny\n")
+    assert hr.load_split(tmp_path, "train", train_n=None, eval_n=None, eval_split="val") == (["a", "b", "c"],
+                                                                                             ["x", "y"])
+    assert hr.load_split(tmp_path, "train", train_n=2, eval_n=1, eval_split="val") == (["a", "b"], ["x"])
+    with pytest.raises(ValueError, match=r"between 1 and 2 .*val\.txt"):
+        hr.load_split(tmp_path, "train", train_n=2, eval_n=3, eval_split="val")
+    with pytest.raises(ValueError, match="test.txt not found"):
+        hr.load_split(tmp_path, "train", eval_split="test")
+
+
+def _tool():
+    import importlib.util
+    from pathlib import Path
+    path = Path(__file__).resolve().parents[1] / "tools" / "msrc_highres.py"
+    spec = importlib.util.spec_from_file_location("msrc_highres", path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def _msrc_source(tmp_path, n_train=3, n_val=2):
+    from conftest import SAMPLE, copy_sample
+    ids = sorted(p.stem for p in (SAMPLE / "images").glob("*.jpg"))[:n_train + n_val]
+    src = copy_sample(tmp_path / "src", ids)
+    (src / "train.txt").write_text("\n".join(ids[:n_train]) + "\n")
+    (src / "val.txt").write_text("\n".join(ids[n_train:]) + "\n")
+    return src, ids
+
+
+def test_msrc_highres_tool_upscales_images_and_masks(tmp_path):
+    tool = _tool()
+    src, ids = _msrc_source(tmp_path, 2, 1)
+    out = tmp_path / "x3"
+    assert tool.main(["--src", str(src), "--out", str(out), "--upscale", "3"]) == 0
+    for i in ids:
+        image, big = files.read_image(src / "images" / f"{i}.jpg"), files.read_image(out / "images" / f"{i}.jpg")
+        mask, big_mask = files.read_mask(src / "masks" / f"{i}.png"), files.read_mask(out / "masks" / f"{i}.png")
+        assert big.shape == (3 * image.shape[0], 3 * image.shape[1], 3)
+        np.testing.assert_array_equal(big_mask, np.repeat(np.repeat(mask, 3, 0), 3, 1))   # void 255 kept exactly
+        small = cv2.resize(big, image.shape[1::-1], interpolation=cv2.INTER_AREA)
+        assert np.abs(small.astype(int) - image).mean() < 6                                 # the same photo
+    assert (out / "train.txt").read_text().split() == ids[:2] and (out / "val.txt").read_text().split() == ids[2:]
+    assert (out / "classes.txt").read_text() == (src / "classes.txt").read_text()
+    assert [r.split(",")[0] for r in (out / "labels.csv").read_text().splitlines()[1:]] == ids
+    assert json.loads((out / "corpus.json").read_text())["upscale"] == 3
+    # the same options again: resumes (nothing to do); other options on the same folder: refused
+    assert tool.main(["--src", str(src), "--out", str(out), "--upscale", "3"]) == 0
+    assert tool.main(["--src", str(src), "--out", str(out), "--upscale", "2"]) == 2
+
+
+def test_bench_on_an_upscaled_multiclass_corpus(tmp_path, capsys):
+    from flows.highres import bench_highres
+    src, ids = _msrc_source(tmp_path, 3, 2)
+    data = tmp_path / "x2"
+    assert _tool().main(["--src", str(src), "--out", str(data), "--upscale", "2"]) == 0
+    out = tmp_path / "bench" / "msrc.json"
+    res = bench_highres(str(data), "train", str(out), eval_split="val", train_n=None, eval_n=None, patch_size=64,
+                        scale=1.0, steps=3, batch=2, width=8, blocks=(1, 1), overlap=8, threads=1,
+                        variants=("global_local", "downsampled", "gl_coarse_loss"),
+                        memory_probe=False)
+    saved = json.loads(out.read_text())
+    classes = (data / "classes.txt").read_text().split()
+    assert saved["train_ids"] == ids[:3] and saved["eval_ids"] == ids[3:] and saved["classes"] == classes
+    assert saved["budget"]["steps"] == 3 and saved["budget"]["patches_per_step"] == 2
+    truth = set()
+    for i in ids[3:]:
+        m = files.read_mask(data / "masks" / f"{i}.png")
+        truth |= {classes[k] for k in np.unique(m) if k != 255}
+    for name in ("global_local", "downsampled", "gl_coarse_loss"):
+        assert 0.0 <= saved[f"{name}_miou"] <= 1.0 and saved[f"{name}_miou"] == res[f"{name}_miou"]
+        assert truth <= set(saved[f"{name}_class_iou"]) <= set(classes)
+        assert f"{name}_iou" not in saved                          # the vessel keys belong to two-class corpora
+    # the checkpoint is the first global-local network's, with the corpus's classes; segment reads it
+    ckpt = out.with_name("msrc_global_local.pt")
+    from tasks.store import load_model
+    net, state = load_model(ckpt)
+    assert net.num_classes == len(classes) and state["meta"]["classes"] == classes
+    # a photo with a dark surround: a multi-class model whose class 0 is no background keeps every pixel
+    photo = files.read_image(data / "images" / f"{ids[3]}.jpg")
+    h, w = photo.shape[:2]
+    yy, xx = np.mgrid[:h, :w]
+    photo[(yy - h / 2) ** 2 / (h / 2) ** 2 + (xx - w / 2) ** 2 / (w / 2) ** 2 > 1] = 0
+    files.write_jpeg(tmp_path / "dark.jpg", photo)
+    stats = []
+    pngs = sg.segment([tmp_path / "dark.jpg"], ckpt, tmp_path / "seg", log=lambda s: None, stats=stats)
+    assert classes[0] != "background" and not stats[0]["fov_found"] and stats[0]["fov_share"] == 1.0
+    with Image.open(pngs[0]) as im:
+        assert im.size == (w, h)
+    assert "mIoU" in capsys.readouterr().err
+    with pytest.raises(ValueError, match="unknown variants"):
+        bench_highres(str(data), "train", str(out), eval_split="val", variants=("global_local", "nope"))
