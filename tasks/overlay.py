@@ -119,6 +119,12 @@ def grid(rows: list[list[tuple[str, np.ndarray]]], *, width: int | None = None, 
 
 
 def write_png(path, rgb: np.ndarray) -> None:
+    if hasattr(path, "fs"):  # a file of a run directory on object storage (a UPath): one put
+        ok, data = cv2.imencode(".png", cv2.cvtColor(rgb, cv2.COLOR_RGB2BGR))
+        if not ok:
+            raise OSError(f"{path}: could not write the picture")
+        path.write_bytes(data.tobytes())
+        return
     path = str(path)
     if not cv2.imwrite(path, cv2.cvtColor(rgb, cv2.COLOR_RGB2BGR)):
         raise OSError(f"{path}: could not write the picture")

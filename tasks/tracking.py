@@ -174,10 +174,20 @@ class Tracker:
             with self._guard(f"metrics {', '.join(sorted(clean))[:80]}"):
                 mlflow.log_metrics(clean, step=step)
 
+    def set_tags(self, tags: dict[str, Any]) -> None:
+        """Tags of the active run (e.g. why the rounds stopped), as strings; None values skipped."""
+        clean = {k: str(v) for k, v in tags.items() if v is not None}
+        if clean and self.failed is None:
+            with self._guard(f"tags {', '.join(sorted(clean))[:80]}"):
+                mlflow.set_tags(clean)
+
     def log_artifact(self, path: Path, folder: str | None = None) -> None:
         if self.failed is None:
             with self._guard(f"artifact {path}"):
-                mlflow.log_artifact(str(path), artifact_path=folder)
+                from tasks.store.remote import local_copy
+
+                with local_copy(path) as local:  # a file of a run directory on object storage: copied here
+                    mlflow.log_artifact(str(local), artifact_path=folder)
 
     def log_model(self, model, name: str = "model", *, in_channels: int, num_classes: int,
                   register: str | None = None) -> dict | None:

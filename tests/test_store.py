@@ -99,3 +99,69 @@ def test_concurrent_writers_into_a_new_group(tmp_path):
             pool.map(_put, [(str(root), i) for i in range(12)])
         store = Store(root)
         assert all(store.image(f"img{i}")[0, 0, 0] == i for i in range(12))
+
+
+# ---------------------------------------------------------------------------- a run directory behind fsspec
+def test_store_over_fsspec_reads_back_what_it_wrote(tmp_path, monkeypatch):
+    """The same Store calls on an fsspec URL (fsspec's in-memory filesystem: no server needed;
+    tests/test_store_remote.py runs a whole round on a real S3 server)."""
+    import pickle
+    import uuid
+
+    import torch
+
+    from models import build_model
+
+    monkeypatch.setenv("WSSEG_STATE_HOME", str(tmp_path / "home"))
+    monkeypatch.delenv("WSSEG_STATE_DIR", raising=False)
+    url = f"memory://wsseg-test-{uuid.uuid4().hex[:8]}/run"
+    store = Store(url + "/")
+    assert store.remote and str(store.root) == url and repr(store) == f"Store({url!r})"
+    # the local state folder mirrors the URL under WSSEG_STATE_HOME; nothing made there yet
+    assert store.state_dir == (tmp_path / "home" / "memory" / url.split("://")[1]).resolve()
+    assert not store.state_dir.exists() and not store.exists()
+    classes = ClassSpec(("background", "cow", "grass"), background=0)
+    store.write_corpus([_rec("a", ("cow",)), _rec("b", ("grass",), "val")], classes)
+    assert store.exists() and store.classes() == classes and [r.image_id for r in store.manifest("val")] == ["b"]
+    img = np.arange(60, dtype=np.uint8).reshape(4, 5, 3)
+    store.put_image("a", img, "ab" * 32)
+    assert store.has_image("a", "ab" * 32) and not store.has_image("a", "cd" * 32)
+    assert np.array_equal(store.image("a"), img) and store.image_shape("a") == (4, 5, 3)
+    store.put_cached("feat", "k", "cd" * 32, {"edges": np.ones((4, 5), np.float32)})
+    assert store.has_cached("feat", "k", "cd" * 32) and store.cached("feat", "k", "cd" * 32)["edges"].sum() == 20
+    label = np.array([[0, 1, 255, 2, 1]] * 4, np.uint8)
+    store.write_pseudo(0, "a", label)
+    assert np.array_equal(store.pseudo(0, "a"), label) and store.pseudo(0, "b") is None
+    store.mark_shard_done(0, "pseudo", "a", {"images": 1})
+    assert store.rounds() == [0] and store.shard_done(0, "pseudo", "a") == {"images": 1}
+    assert store.shard_markers(0, "pseudo") == ["pseudo-a.json"] and store.finished_rounds() == []
+    store.write_round(0, {"round": 0})
+    assert store.finished_rounds() == [0] and store.read_round(0) == {"round": 0}
+    torch.manual_seed(0)
+    net = build_model("small", 3, in_channels=3, width=8)
+    path = store.write_model("segmenter", net, 0, builder="small", num_classes=3, in_channels=3, options={"width": 8})
+    assert str(path) == f"{url}/rounds/r000/model.pt" and store.has_checkpoint("segmenter", 0)
+    back, _ = store.read_model("segmenter", 0)
+    assert all(torch.equal(a, b) for a, b in zip(net.state_dict().values(), back.state_dict().values()))
+    # a damaged checkpoint is moved aside, as locally
+    path.write_bytes(b"cut short")
+    assert store.usable_checkpoint("segmenter", 0) is None and not store.has_checkpoint("segmenter", 0)
+    assert (path.parent / "model.pt.damaged").exists()
+    store.write_config({"seed": 1})
+    assert store.read_config() == {"seed": 1} and store.size_bytes() > img.size
+    assert pickle.loads(pickle.dumps(store)).image("a").sum() == img.sum()  # what a Dask task receives
+    store.drop_images(["a"])
+    assert not store.has_image("a", "ab" * 32)
+
+
+def test_local_run_dirs_keep_their_layout(tmp_path):
+    """A local path and a file:// URL are the same local run directory, its own state folder."""
+    from tasks.store.remote import is_remote_url, parse_storage_options
+
+    a, b = Store(tmp_path / "run"), Store(f"file://{tmp_path}/run")
+    assert not a.remote and a.root == b.root == tmp_path / "run" and a.state_dir == a.root
+    assert not is_remote_url(tmp_path) and not is_remote_url("runs/x") and is_remote_url("s3://b/x")
+    assert parse_storage_options(["endpoint_url=http://h:9000", "anon=false", "client_kwargs.region_name=eu"]) == \
+        {"endpoint_url": "http://h:9000", "anon": False, "client_kwargs": {"region_name": "eu"}}
+    with pytest.raises(ValueError, match="KEY=VALUE"):
+        parse_storage_options(["endpoint_url"])

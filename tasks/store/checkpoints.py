@@ -18,6 +18,7 @@ Three kinds of file:
 """
 from __future__ import annotations
 
+import io
 import os
 import pickle
 import tempfile
@@ -37,8 +38,22 @@ class CheckpointError(ValueError):
     """A checkpoint file that cannot be used; the message names the file and the problem."""
 
 
+def _as_path(path: Any) -> Path:
+    """A local path as :class:`pathlib.Path`; a remote UPath (or an fsspec URL) as a UPath."""
+    from tasks.store.remote import is_local, is_remote_url, remote_root
+
+    if is_local(path) or hasattr(path, "fs"):
+        return path
+    return remote_root(str(path)) if is_remote_url(path) else Path(path)
+
+
 def _atomic_save(obj: Any, path: str | os.PathLike) -> Path:
-    path = Path(path)
+    path = _as_path(path)
+    if not isinstance(path, Path):  # object storage: one put, whole or not at all
+        buffer = io.BytesIO()
+        torch.save(obj, buffer)
+        path.write_bytes(buffer.getvalue())
+        return path
     path.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
     os.close(fd)
@@ -60,11 +75,12 @@ def read_file(path: str | os.PathLike, device: str | torch.device = "cpu") -> di
         When the file is missing, cut short, not a torch file, or holds anything but tensors
         and plain data (a pickled object or function is refused, never run).
     """
-    path = Path(path)
+    path = _as_path(path)
     if not path.is_file():
         raise CheckpointError(f"{path}: no such checkpoint file")
     try:
-        state = torch.load(path, map_location=device, weights_only=True)
+        source = path if isinstance(path, Path) else io.BytesIO(path.read_bytes())
+        state = torch.load(source, map_location=device, weights_only=True)
     except pickle.UnpicklingError as e:
         lines = [ln.strip() for ln in str(e).splitlines() if ln.strip()]
         first = next((ln for ln in lines if "GLOBAL" in ln or "Unsupported" in ln), lines[-1] if lines else
@@ -102,7 +118,7 @@ def load_model(path: str | os.PathLike, device: str | torch.device = "cpu") -> t
     of metadata). The builder comes from the registry by name, never from the file."""
     import models
 
-    path = Path(path)
+    path = _as_path(path)
     state = read_file(path, device)
     if "builder" not in state or "model" not in state:
         raise CheckpointError(f"{path}: not a wsseg model checkpoint (no 'builder' entry); pass a file "
@@ -135,7 +151,7 @@ def load_classifier(path: str | os.PathLike) -> dict:
     """The content of :func:`save_classifier`'s file with ``model`` rebuilt (eval mode) or None."""
     from tasks.proposal_classifier import ProposalMLP
 
-    path = Path(path)
+    path = _as_path(path)
     state = read_file(path)
     if state.get("kind") != "proposal_mlp":
         raise CheckpointError(f"{path}: not a wsseg corpus classifier (no kind 'proposal_mlp')")
@@ -159,7 +175,7 @@ class StateFile:
     over, and says so through ``on_damaged``); ``save(state)`` replaces it atomically."""
 
     def __init__(self, path: str | os.PathLike):
-        self.path = Path(path)
+        self.path = _as_path(path)
 
     def __repr__(self) -> str:
         return f"StateFile({str(self.path)!r})"

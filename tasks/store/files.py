@@ -22,6 +22,7 @@ from typing import Iterable, Sequence
 
 import numpy as np
 
+from tasks.store.checkpoints import _as_path
 from tasks.store.run import Store, _atomic_write_text
 
 __all__ = ["read_image", "image_size", "read_mask", "write_jpeg", "write_rgb_png", "dataset_ids",
@@ -101,7 +102,13 @@ def write_jpeg(path: str | os.PathLike, image: np.ndarray, quality: int = 95) ->
 def write_rgb_png(path: str | os.PathLike, image: np.ndarray) -> Path:
     """An (H, W, 3) uint8 RGB picture as a PNG."""
     import cv2
-    path = Path(path)
+    path = _as_path(path)
+    if not isinstance(path, Path):  # on object storage: encoded here, one put
+        ok, data = cv2.imencode(".png", np.ascontiguousarray(image[..., ::-1]))
+        if not ok:
+            raise ValueError(f"cannot write {path}")
+        path.write_bytes(data.tobytes())
+        return path
     path.parent.mkdir(parents=True, exist_ok=True)
     if not cv2.imwrite(str(path), np.ascontiguousarray(image[..., ::-1])):
         raise ValueError(f"cannot write {path}")
@@ -250,7 +257,7 @@ def resolve_checkpoint(model: str | os.PathLike) -> Path:
     ValueError
         Naming the path and what was looked for, when nothing usable is found.
     """
-    path = Path(model)
+    path = _as_path(model)  # a URL (a run directory on object storage) too
     if not path.exists():
         raise ValueError(f"--model {path}: no such file or directory; pass a checkpoint (.pt), a `wsseg train` "
                          "run directory or a `wsseg bench highres` output")
@@ -266,7 +273,7 @@ def resolve_checkpoint(model: str | os.PathLike) -> Path:
         except (json.JSONDecodeError, AttributeError) as e:
             raise ValueError(f"{summary}: not a readable `wsseg train` summary ({e})") from e
         if final:
-            final = Path(final)
+            final = _as_path(final)
             moved = folder / "rounds" / final.parent.name / final.name
             for candidate in (final, moved):
                 if candidate.is_file():
@@ -293,11 +300,17 @@ def resolve_checkpoint(model: str | os.PathLike) -> Path:
 
 def run_config(checkpoint: str | os.PathLike) -> tuple[Path, dict] | None:
     """The run directory of a ``wsseg train`` checkpoint and its configuration, or None."""
-    for folder in list(Path(checkpoint).resolve().parents)[:3]:
+    for folder in _parents(checkpoint)[:3]:
         store = Store(folder)
         if store.config_path.is_file():
             return store.root, store.read_config()
     return None
+
+
+def _parents(path: str | os.PathLike) -> list:
+    """The folders above ``path``, nearest first (resolved when local)."""
+    path = _as_path(path)
+    return list(path.resolve().parents) if isinstance(path, Path) else list(path.parents)
 
 
 def run_classifier_path(run_dir: str | os.PathLike) -> Path | None:
@@ -310,14 +323,14 @@ def edge_params(checkpoint: str | os.PathLike, meta: dict) -> dict:
     """Edge-map parameters of a 4-channel checkpoint: its meta, else its run's configuration."""
     if "edges" in meta:
         return dict(meta["edges"])
-    for folder in list(Path(checkpoint).resolve().parents)[:3]:
+    for folder in _parents(checkpoint)[:3]:
         store = Store(folder)
         if store.config_path.is_file():
             features = (store.read_config() or {}).get("features", {})
             if "edge_sigma" in features:
                 return {"sigma": features["edge_sigma"], "tau": features["edge_tau"]}
     raise ValueError(f"{checkpoint}: the model takes an edge-map channel (4 inputs) but neither the checkpoint's "
-                     f"meta nor a {Store(Path(checkpoint).parent).config_path.name} of its run directory gives the "
+                     f"meta nor a {Store.CONFIG_FILE} of its run directory gives the "
                      "edge parameters")
 
 

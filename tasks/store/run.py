@@ -16,14 +16,24 @@ Layout of a run directory::
       rounds/r000/pseudo.zarr/<id> pseudo-label (H, W) uint8, 255 = ignore
       rounds/r000/done/<stage>-<shard>.json   a shard counts as done only once this exists
       rounds/r000/round.json       the round's metrics, written last
+      rounds/r000/inputs.json      what the round is computed from (classes, corpus hash, config)
       rounds/r000/model.pt         the round's segmenter (mil.pt, proposal_classifier.pt: its corpus
                                    classifiers; *.train_state.pt: an unfinished training's state)
       classifier.pt                the image classifier on the tags
       config.json                  the configuration the run directory belongs to
       summary.json                 the table of rounds, written at the end of `wsseg train`
+      refresh.json                 the last `wsseg refresh`: new images labelled with a round's models
 
 Every array is one Zarr chunk written by exactly one process, and a marker is written (by an
 atomic rename) only after the data, so an interrupted run is resumed by re-running it.
+
+The run directory may also be an fsspec URL (``s3://bucket/run``, ``gs://...``; ``file://`` is a
+local path): the same layout then lies on object storage, reached through fsspec (Zarr's
+``FsspecStore`` for the arrays). An object is put whole or not at all, so files are written
+directly there (no temporary name and rename) and markers still follow their data. What cannot
+live on object storage (MLflow's sqlite database, PREFECT_HOME, Dask's scratch space, the
+writer lock's ``flock``) lies in a local *state folder* (:func:`state_dir_for`). A local run
+directory is its own state folder, exactly as before.
 """
 from __future__ import annotations
 
@@ -48,6 +58,7 @@ import zarr
 
 from tasks.store.checkpoints import (StateFile, load_classifier, load_model, save_classifier,
                                      save_model)
+from tasks.store.remote import is_local, is_remote_url, local_copy, remote_root, state_dir_for
 
 _ID_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]*$")
 
@@ -112,6 +123,9 @@ def params_key(params: dict[str, Any]) -> str:
 
 
 def _atomic_write_text(path: Path, text: str) -> None:
+    if not is_local(path):  # an object is put whole or not at all
+        path.write_text(text)
+        return
     path.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.")
     with os.fdopen(fd, "w") as f:
@@ -136,22 +150,70 @@ def _read_json(path: Path) -> dict | None:
 
 
 class Store:
-    """Read and write everything of one run directory. Cheap to construct; picklable."""
+    """Read and write everything of one run directory. Cheap to construct; picklable.
+
+    ``root``: a local path, or an fsspec URL (``s3://bucket/run``; ``file://`` is local). A URL
+    whose scheme has no installed filesystem package is refused here (:class:`RemoteStoreError`,
+    naming the package)."""
 
     def __init__(self, root: str | os.PathLike):
-        self.root = Path(root).resolve()
+        if is_remote_url(root):
+            self.root = root if hasattr(root, "fs") else remote_root(str(root))
+            self.remote = True
+        else:
+            from tasks.store.remote import local_path
+
+            self.root = local_path(root).resolve()
+            self.remote = False
 
     def __repr__(self) -> str:
         return f"Store({str(self.root)!r})"
 
+    @property
+    def state_dir(self) -> Path:
+        """The local folder of what cannot live on object storage (PREFECT_HOME, MLflow's
+        database, Dask's scratch space, the writer lock): the run directory itself when it is
+        local, see :func:`tasks.store.remote.state_dir_for` for a URL."""
+        return self.root if not self.remote else state_dir_for(str(self.root))
+
+    def check_reachable(self) -> None:
+        """Nothing for a local run directory; for a URL one request that its store answers
+        (:class:`RemoteStoreError` naming the URL and the problem when it does not)."""
+        if self.remote:
+            from tasks.store.remote import probe
+
+            probe(self.root)
+
+    def exists(self) -> bool:
+        """Whether the run directory holds anything yet."""
+        if not self.remote:
+            return self.root.exists()
+        from tasks.store.remote import listdir
+
+        return bool(listdir(self.root))
+
+    def local_file(self, path):
+        """A context manager giving a local file with ``path``'s content (``path`` itself when
+        local): for MLflow's artifacts."""
+        return local_copy(path)
+
     # ------------------------------------------------------------------ arrays
+    def _zarr(self, path: Path) -> Any:
+        """What ``zarr.open_*`` takes for ``path``: its name locally, an fsspec store remotely."""
+        if not self.remote:
+            return str(path)
+        from zarr.storage import FsspecStore
+
+        return FsspecStore.from_url(str(path), storage_options=dict(path.storage_options))
+
     def _group(self, path: Path, mode: str = "a") -> zarr.Group:
-        path.parent.mkdir(parents=True, exist_ok=True)
+        if not self.remote:
+            path.parent.mkdir(parents=True, exist_ok=True)
         try:
-            return zarr.open_group(str(path), mode=mode)
+            return zarr.open_group(self._zarr(path), mode=mode)
         except zarr.errors.ContainsGroupError:
             # another worker created the group between our check and our create: open theirs
-            return zarr.open_group(str(path), mode="r+")
+            return zarr.open_group(self._zarr(path), mode="r+")
 
     def _write_array(self, group: Path, name: str, arr: np.ndarray, attrs: dict | None = None) -> None:
         g = self._group(group)
@@ -165,13 +227,13 @@ class Store:
         """The array's data, or None when it is missing or was not completely written."""
         if not self._has_array(group, name):
             return None
-        return zarr.open_array(str(group / name), mode="r")[...]
+        return zarr.open_array(self._zarr(group / name), mode="r")[...]
 
     def _has_array(self, group: Path, name: str) -> bool:
         meta = group / name / "zarr.json"
-        if not meta.exists():
+        if not self.remote and not meta.exists():
             return False
-        try:
+        try:  # remotely one request: the read tells whether it exists
             return bool(json.loads(meta.read_text()).get("attributes", {}).get("complete", False))
         except (OSError, ValueError):
             return False
@@ -184,10 +246,7 @@ class Store:
     def write_corpus(self, records: list[ImageRecord], classes: ClassSpec) -> None:
         table = pa.Table.from_pylist([r.__dict__ | {"tags": list(r.tags)} for r in records],
                                      schema=MANIFEST_SCHEMA)
-        self.corpus_dir.mkdir(parents=True, exist_ok=True)
-        tmp = self.corpus_dir / ".manifest.parquet.tmp"
-        pq.write_table(table, tmp)
-        os.replace(tmp, self.corpus_dir / "manifest.parquet")
+        self._put_parquet(table, self.corpus_dir / "manifest.parquet")
         _atomic_write_text(self.corpus_dir / "classes.json",
                            json.dumps({"names": list(classes.names), "background": classes.background}, indent=1))
 
@@ -200,13 +259,19 @@ class Store:
     def drop_images(self, image_ids: Iterable[str]) -> None:
         """Remove the image and mask arrays of ``image_ids`` (an ingest that refuses undoes its
         writes), and the corpus folders this leaves empty."""
+        from tasks.store.remote import listdir, rmtree
+
+        image_ids = list(image_ids)
         for group in (self.corpus_dir / "images.zarr", self.corpus_dir / "masks.zarr"):
             for iid in image_ids:
                 if valid_id(iid):
-                    shutil.rmtree(group / iid, ignore_errors=True)
-            if group.is_dir() and not any(p.name != "zarr.json" for p in group.iterdir()):
-                shutil.rmtree(group, ignore_errors=True)
-        if self.corpus_dir.is_dir() and not any(self.corpus_dir.iterdir()):
+                    rmtree(group / iid)
+            if not self.remote:
+                if group.is_dir() and not any(p.name != "zarr.json" for p in group.iterdir()):
+                    shutil.rmtree(group, ignore_errors=True)
+            elif not any(n != "zarr.json" for n in listdir(group)):
+                rmtree(group)
+        if not self.remote and self.corpus_dir.is_dir() and not any(self.corpus_dir.iterdir()):
             self.corpus_dir.rmdir()
 
     def has_corpus(self) -> bool:
@@ -220,7 +285,7 @@ class Store:
         path = self.corpus_dir / "manifest.parquet"
         if not path.exists():
             raise FileNotFoundError(f"{path}: no corpus here; run `wsseg ingest` first")
-        rows = pq.read_table(path).to_pylist()
+        rows = self._read_parquet(path).to_pylist()
         recs = [ImageRecord(**(r | {"tags": tuple(r["tags"])})) for r in rows]
         if split is not None:
             recs = [r for r in recs if r.split == split]
@@ -247,8 +312,18 @@ class Store:
             raise KeyError(f"image {image_id!r} is not in the corpus store {self.corpus_dir}")
         return arr
 
-    def put_mask(self, image_id: str, mask: np.ndarray) -> None:
-        self._write_array(self.corpus_dir / "masks.zarr", image_id, mask)
+    def put_mask(self, image_id: str, mask: np.ndarray, sha256: str | None = None) -> None:
+        """Store a ground-truth mask; ``sha256``: of the file it was read from (see :meth:`has_stored_mask`)."""
+        self._write_array(self.corpus_dir / "masks.zarr", image_id, mask, {"sha256": sha256} if sha256 else None)
+
+    def has_stored_mask(self, image_id: str, sha256: str) -> bool:
+        """Whether the mask of ``image_id`` is stored, read from a file with this sha256 (an
+        ingest again of an unchanged mask then decodes nothing)."""
+        meta = self.corpus_dir / "masks.zarr" / image_id / "zarr.json"
+        if not meta.exists():
+            return False
+        attrs = json.loads(meta.read_text()).get("attributes", {})
+        return attrs.get("complete", False) and attrs.get("sha256") == sha256
 
     def mask(self, image_id: str) -> np.ndarray | None:
         """Ground-truth mask, for evaluation only (None when the corpus has none)."""
@@ -325,7 +400,9 @@ class Store:
         try:
             return read_file(path)
         except CheckpointError as e:
-            os.replace(path, path.with_name(path.name + ".damaged"))
+            from tasks.store.remote import replace
+
+            replace(path, path.with_name(path.name + ".damaged"))
             print(f"  [store] {e}; moved aside to {path.name}.damaged and computed again", file=sys.stderr, flush=True)
             return None
 
@@ -389,20 +466,16 @@ class Store:
         return _read_json(self.root / "last_error.json")
 
     def size_bytes(self) -> int:
-        """Bytes on disk of the run directory (links not followed)."""
-        total = 0
-        for dirpath, _, names in os.walk(self.root):
-            for n in names:
-                try:
-                    total += os.lstat(os.path.join(dirpath, n)).st_size
-                except OSError:
-                    pass
-        return total
+        """Bytes on disk of the run directory (links not followed), or of its objects."""
+        from tasks.store.remote import du
+
+        return du(self.root)
 
     def lock(self, command: str):
-        """The run directory's writer lock (:class:`tasks.store.lock.RunLock`), for ``with``."""
+        """The run directory's writer lock (:class:`tasks.store.lock.RunLock`), for ``with``: the
+        ``flock`` of the state folder, and for a URL a lock object in the run directory too."""
         from tasks.store.lock import RunLock
-        return RunLock(self.root, command)
+        return RunLock(self.state_dir, command, remote=self.root if self.remote else None)
 
     def finished_rounds(self) -> list[int]:
         """Indices of the rounds whose summary is written (a round in progress is not among them)."""
@@ -410,7 +483,11 @@ class Store:
 
     def rounds(self) -> list[int]:
         """Indices of the rounds that have a folder (finished or not), ascending."""
-        return sorted(int(p.name[1:]) for p in (self.root / "rounds").glob("r[0-9][0-9][0-9]"))
+        if not self.remote:
+            return sorted(int(p.name[1:]) for p in (self.root / "rounds").glob("r[0-9][0-9][0-9]"))
+        from tasks.store.remote import listdir
+
+        return sorted(int(n[1:]) for n in listdir(self.root / "rounds") if re.fullmatch(r"r[0-9]{3}", n))
 
     def write_json(self, name: str, data: dict) -> Path:
         """A named JSON report in the run directory (``<name>.json``), written atomically."""
@@ -430,8 +507,13 @@ class Store:
                          stages: Sequence[str] = ("prelim",)) -> None:
         """Use ``other``'s round ``r`` arrays (symbolic links) and its finished-shard markers of
         ``stages`` (copies), e.g. an ablation reusing its main run's round-0 CAMs. A part already
-        present is left as it is."""
+        present is left as it is. On object storage (no links) the parts are copied."""
         src, dst = other.round_dir(r), self.round_dir(r)
+        if self.remote or other.remote:
+            self._copy_parts(other, [(src / f"{n}.zarr", dst / f"{n}.zarr") for n in arrays]
+                             + [(src / "done" / m, dst / "done" / m) for stage in stages
+                                for m in other.shard_markers(r, stage)])
+            return
         (dst / "done").mkdir(parents=True, exist_ok=True)
         for name in arrays:
             s, d = src / f"{name}.zarr", dst / f"{name}.zarr"
@@ -446,11 +528,32 @@ class Store:
         """Use ``other``'s corpus, feature cache and image classifier (symbolic links), e.g. an
         ablation beside its main run. A part already present is left as it is."""
         names = {"corpus": "corpus", "cache": "cache", "classifier": self.CHECKPOINTS["classifier"]}
+        if self.remote or other.remote:
+            self._copy_parts(other, [(other.root / names[p], self.root / names[p]) for p in parts])
+            return
         self.root.mkdir(parents=True, exist_ok=True)
         for part in parts:
             src, dst = other.root / names[part], self.root / names[part]
             if src.exists() and not (dst.exists() or dst.is_symlink()):
                 dst.symlink_to(src, target_is_directory=src.is_dir())
+
+    def _copy_parts(self, other: "Store", pairs: list) -> None:
+        """Copy ``(source, destination)`` parts on one object store, those not present yet."""
+        from tasks.store.remote import copytree
+
+        if not (self.remote and other.remote and self.root.fs.protocol == other.root.fs.protocol):
+            raise ValueError(f"{self.root}: sharing parts with {other.root} needs both run directories local "
+                             "(symbolic links) or on the same object store (copies)")
+        for src, dst in pairs:
+            if src.exists() and not dst.exists():
+                copytree(src, dst)
+
+    def shard_markers(self, r: int, stage: str) -> list[str]:
+        """File names of round ``r``'s finished-shard markers of ``stage`` (``<stage>-<shard>.json``)."""
+        from tasks.store.remote import listdir
+
+        return sorted(n for n in listdir(self.round_dir(r) / "done") if n.startswith(f"{stage}-") and
+                      n.endswith(".json"))
 
     # ------------------------------------------------------------------ rounds
     def round_dir(self, r: int) -> Path:
@@ -482,6 +585,48 @@ class Store:
     def pseudo(self, r: int, image_id: str, name: str = "pseudo") -> np.ndarray | None:
         return self._read_array(self.round_dir(r) / f"{name}.zarr", image_id)
 
+    def has_pseudo(self, r: int, image_id: str, name: str = "pseudo") -> bool:
+        """Whether round ``r`` holds a complete label map ``name`` of ``image_id`` (no data read)."""
+        return self._has_array(self.round_dir(r) / f"{name}.zarr", image_id)
+
+    def drop_labels(self, image_ids: Iterable[str]) -> None:
+        """Remove the per-image round arrays (preliminary results, pseudo-labels, CAM labels) of
+        ``image_ids`` from every round: an image removed from the corpus, or changed, has none.
+        Arrays shared from another run directory (links) are left alone."""
+        from tasks.store.remote import listdir, rmtree
+
+        ids = [i for i in image_ids if valid_id(i)]
+        if not ids:
+            return
+        for r in self.rounds():
+            for name in listdir(self.round_dir(r)):
+                group = self.round_dir(r) / name
+                if not name.endswith(".zarr") or (not self.remote and group.is_symlink()):
+                    continue
+                for iid in ids:
+                    rmtree(group / iid)
+
+    def drop_rounds(self, first: int) -> list[int]:
+        """Remove round ``first`` and every later one (arrays, markers, checkpoints, summaries)
+        and the run's table of rounds; returns the indices removed. Links to another run's
+        arrays are removed, not followed."""
+        from tasks.store.remote import rmtree
+
+        gone = [r for r in self.rounds() if r >= first]
+        for r in gone:
+            rmtree(self.round_dir(r))
+        if gone and self.summary_path.exists():
+            self.summary_path.unlink()
+        return gone
+
+    def write_round_inputs(self, r: int, inputs: dict) -> None:
+        """What round ``r`` is computed from (class list, corpus hash, configuration), written
+        when it starts: a later run reuses the round's results only when they match."""
+        _write_json(self.round_dir(r) / "inputs.json", inputs)
+
+    def round_inputs(self, r: int) -> dict | None:
+        return _read_json(self.round_dir(r) / "inputs.json")
+
     def shard_done(self, r: int, stage: str, shard: str) -> dict | None:
         """The result a finished shard recorded, or None (a damaged marker counts as not done)."""
         p = self.round_dir(r) / "done" / f"{stage}-{shard}.json"
@@ -509,19 +654,35 @@ class Store:
         try:
             return json.loads(p.read_text())
         except ValueError as e:
-            os.replace(p, p.with_name(p.name + ".damaged"))
+            from tasks.store.remote import replace
+
+            replace(p, p.with_name(p.name + ".damaged"))
             print(f"  [store] {p}: damaged ({e}); moved aside, round {r} is finished again", file=sys.stderr,
                   flush=True)
             return None
 
     def write_table(self, path: Path, rows: list[dict]) -> None:
-        path.parent.mkdir(parents=True, exist_ok=True)
-        tmp = path.with_name(f".{path.name}.tmp")
-        pq.write_table(pa.Table.from_pylist(rows), tmp)
-        os.replace(tmp, path)
+        self._put_parquet(pa.Table.from_pylist(rows), path)
 
     def read_table(self, path: Path) -> list[dict]:
-        return pq.read_table(path).to_pylist()
+        return self._read_parquet(path).to_pylist()
+
+    def _put_parquet(self, table: pa.Table, path: Path) -> None:
+        """A Parquet file: locally a temporary file renamed into place, remotely one put."""
+        if not is_local(path):
+            sink = pa.BufferOutputStream()
+            pq.write_table(table, sink)
+            path.write_bytes(sink.getvalue().to_pybytes())
+            return
+        path.parent.mkdir(parents=True, exist_ok=True)
+        tmp = path.with_name(f".{path.name}.tmp")
+        pq.write_table(table, tmp)
+        os.replace(tmp, path)
+
+    def _read_parquet(self, path: Path) -> pa.Table:
+        if is_local(path):
+            return pq.read_table(path)
+        return pq.read_table(pa.BufferReader(path.read_bytes()))
 
 
 def sparse_to_arrays(m: sp.csr_matrix) -> dict[str, np.ndarray]:
