@@ -62,6 +62,13 @@ def load_features(store: Store, rec: ImageRecord, key: str) -> ImageFeatures:
                          spx.areas(labels, n=d["spfeat"].shape[0]))
 
 
+def load_superpixel_features(store: Store, rec: ImageRecord, key: str) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """(H, W) int32 superpixels, (S, D) superpixel features and (S,) areas of one image, without
+    the edge map and the proposals (what the superpixel MIL reads)."""
+    d = store.cached(FEATURE_STAGE, key, rec.sha256, ("superpixels", "spfeat"))
+    return d["superpixels"], d["spfeat"], spx.areas(d["superpixels"], n=d["spfeat"].shape[0])
+
+
 def proposal_inputs(feat: ImageFeatures) -> np.ndarray:
     """(P, D) proposal features of one image (the proposal classifier's input)."""
     return proposal_features(feat.sp_features, feat.membership, feat.sp_areas)

@@ -23,11 +23,12 @@ import numpy as np
 
 from tasks import superpixels as spx
 from tasks.config import MILConfig
-from tasks.feature_cache import load_features
+from tasks.feature_cache import load_superpixel_features
 from tasks.progress import Progress
 from tasks.store import ImageRecord, Store
+from tasks.streaming import RowBudget, RowBuffer, split_images
 
-from tasks.proposal_classifier import ProposalMLP, evidence, train_proposal_classifier
+from tasks.proposal_classifier import ProposalMLP, evidence, train_proposal_classifier, train_streamed
 
 
 def hard_targets(evidence: np.ndarray, allowed: np.ndarray) -> np.ndarray:
@@ -129,34 +130,91 @@ def refine(features: list[np.ndarray], prelim: list[np.ndarray], allowed: list[n
     return MILResult(model, changed, losses)
 
 
+def refine_streamed(rows: RowBuffer, *, iterations: int = 8, prior_weight: float = 0.3, hidden: int = 256,
+                    min_share: float = 0.0, negatives: bool = False, epochs: int = 10, lr: float = 3e-3,
+                    batch_size: int = 2048, seed: int = 0,
+                    progress: Callable[[int, float, float], None] | None = None) -> MILResult:
+    """:func:`refine` on superpixels that are on disk (a :class:`~tasks.streaming.RowBuffer` past
+    its cap, row fields ``x`` features, ``p`` pooled preliminary probabilities and ``a`` areas,
+    per-image field ``tags``), in memory bounded by the buffer's ``max_rows``.
+
+    The same reassignment: each iteration's labels are written into the pieces (row field
+    ``y``), one piece at a time, and the classifier trains on them streamed
+    (:func:`~tasks.proposal_classifier.train_streamed`)."""
+    if rows.resident or not rows.pieces:
+        raise ValueError("refine_streamed needs rows on disk; refine takes rows in memory")
+
+    def targets(ev: np.ndarray, t: np.ndarray, a: np.ndarray) -> np.ndarray:
+        return claim_targets(hard_targets(ev, t), ev, t, a, min_share)
+
+    total_area = 0.0
+    for i in range(len(rows.pieces)):
+        with rows.chunk([i], ["p", "a", "tags"]) as c:
+            y = np.concatenate([targets(p, t, a) for p, t, a in zip(split_images(c, "p"), c["tags"],
+                                                                    split_images(c, "a"))])
+            total_area += float(c["a"].sum())
+        rows.write(i, "y", y)
+        del y
+    moments = {"x": rows.moments("x"), "a": rows.moments("a")}  # the same every iteration
+    model, changed, losses = None, [], []
+    for it in range(iterations):
+        model, hist = train_streamed(rows, x="x", y="y", weight="a", hidden=hidden, epochs=epochs, lr=lr,
+                                     batch_size=batch_size, seed=seed + it, negatives=negatives, moments=moments)
+        losses.append(hist[-1])
+        moved = 0.0
+        for i in range(len(rows.pieces)):
+            with rows.chunk([i], ["x", "p", "a", "y", "tags"]) as c:
+                new = []
+                for x, p, t, a, old in zip(split_images(c, "x"), split_images(c, "p"), c["tags"],
+                                           split_images(c, "a"), split_images(c, "y")):
+                    new.append(targets(evidence(model, x, p, t, prior_weight), t, a))
+                    moved += float(a[(new[-1] != old).any(1)].sum())
+            rows.write(i, "y", np.concatenate(new))
+            del new
+        changed.append(moved / max(total_area, 1.0))
+        if progress is not None:
+            progress(it, changed[-1], losses[-1])
+    return MILResult(model, changed, losses)
+
+
 def train_round(store: Store, r: int, records: list[ImageRecord], feature_key: str, cfg: MILConfig, *, seed: int,
-                log: Callable[[dict, int], None] | None = None) -> bool:
+                log: Callable[[dict, int], None] | None = None, budget: RowBudget | None = None) -> bool:
     """Round ``r``'s superpixel MIL classifier, trained on the whole corpus (:func:`refine`) from
     the round's preliminary result and saved as the round's ``mil`` checkpoint. Returns False
-    when MIL is off (``cfg.iterations == 0``)."""
+    when MIL is off (``cfg.iterations == 0``).
+
+    At most ``cfg.max_samples`` superpixels are held at once (:class:`~tasks.streaming.RowBuffer`):
+    a corpus with fewer trains in memory as it always did, a larger one streams its superpixels
+    from a temporary folder (:func:`refine_streamed`). ``budget`` counts the rows held (a test's
+    or benchmark's own, to read its ``peak``)."""
     if cfg.iterations == 0:
         return False
     if store.usable_checkpoint("mil", r):
         return True
     classes = store.classes()
-    feats, prelims, tags, areas = [], [], [], []
     prog = Progress(f"r{r} superpixel MIL", cfg.iterations, "iterations")
-    for rec in records:
-        f = load_features(store, rec, feature_key)
-        feats.append(f.sp_features)
-        prelims.append(spx.pool(store.prelim(r, rec.image_id, classes.n), f.superpixels, n=len(f.sp_areas),
-                                channel_axis=0))
-        tags.append(classes.tag_vector(rec.tags))
-        areas.append(f.sp_areas)
 
     def report(i: int, changed: float, loss: float) -> None:
         prog.advance(1, f"labels changed {changed:.3f}, loss {loss:.3f}")
         if log is not None:
             log({"mil_changed_share": changed, "mil_loss": loss}, i)
 
-    res = refine(feats, prelims, tags, areas, iterations=cfg.iterations, prior_weight=cfg.prior_weight,
-                 hidden=cfg.hidden, min_share=cfg.min_share, negatives=cfg.negatives_in(r), epochs=cfg.epochs,
-                 lr=cfg.lr, seed=seed + r, progress=report)
+    kw = dict(iterations=cfg.iterations, prior_weight=cfg.prior_weight, hidden=cfg.hidden, min_share=cfg.min_share,
+              negatives=cfg.negatives_in(r), epochs=cfg.epochs, lr=cfg.lr, seed=seed + r, progress=report)
+    with RowBuffer(cfg.max_samples, budget=budget) as rows:
+        for rec in records:
+            labels, feats, areas = load_superpixel_features(store, rec, feature_key)
+            rows.add({"x": feats, "p": spx.pool(store.prelim(r, rec.image_id, classes.n), labels, n=len(areas),
+                                                channel_axis=0), "a": areas},
+                     {"tags": classes.tag_vector(rec.tags)})
+            del labels
+        rows.finish()
+        if rows.resident:
+            res = refine(rows.lists("x"), rows.lists("p"), rows.lists("tags"), rows.lists("a"), **kw)
+        else:
+            prog.message(f"{rows.n_rows} superpixels, more than max_samples = {cfg.max_samples}: streamed from "
+                         f"{len(rows.pieces)} pieces in {rows.folder}")
+            res = refine_streamed(rows, **kw)
     store.write_classifier("mil", r, res.model, changed=[float(c) for c in res.changed],
                          losses=[float(v) for v in res.losses])
     return True

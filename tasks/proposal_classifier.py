@@ -20,6 +20,7 @@ from tasks.config import ProposalConfig
 from tasks.feature_cache import ImageFeatures, load_features, proposal_inputs
 from tasks.progress import Progress
 from tasks.store import ImageRecord, Store
+from tasks.streaming import RowBudget, RowBuffer, mean_std, split_images
 
 
 class ProposalMLP(nn.Module):
@@ -112,19 +113,91 @@ def train_proposal_classifier(features: list[np.ndarray], targets: list[np.ndarr
         perm = torch.randperm(n, generator=g)
         total = 0.0
         for i in range(steps):
-            idx = perm[i * batch_size:(i + 1) * batch_size]
-            logits = model(x[idx])
-            if not negatives:
-                logits = logits.masked_fill(~mask[idx], -1e4)
-            loss = (-(y[idx] * F.log_softmax(logits, 1)).sum(1) * wt[idx]).mean()
-            opt.zero_grad(set_to_none=True)
-            loss.backward()
-            opt.step()
-            sched.step()
-            total += float(loss.detach()) * len(idx)
+            total += _step(model, opt, sched, x, y, mask, wt, perm[i * batch_size:(i + 1) * batch_size], negatives)
         losses.append(total / n)
     model.eval()
     return model, losses
+
+
+def _step(model: ProposalMLP, opt, sched, x: torch.Tensor, y: torch.Tensor, mask: torch.Tensor, wt: torch.Tensor,
+          idx: torch.Tensor, negatives: bool) -> float:
+    """One optimiser step on rows ``idx``; returns the batch's loss times its size."""
+    logits = model(x[idx])
+    if not negatives:
+        logits = logits.masked_fill(~mask[idx], -1e4)
+    loss = (-(y[idx] * F.log_softmax(logits, 1)).sum(1) * wt[idx]).mean()
+    opt.zero_grad(set_to_none=True)
+    loss.backward()
+    opt.step()
+    sched.step()
+    return float(loss.detach()) * len(idx)
+
+
+def train_streamed(rows: RowBuffer, *, x: str = "x", y: str = "y", weight: str | None = None, hidden: int = 256,
+                   epochs: int = 30, lr: float = 1e-3, batch_size: int = 1024, seed: int = 0, negatives: bool = False,
+                   moments: dict | None = None) -> tuple[ProposalMLP, list[float]]:
+    """:func:`train_proposal_classifier` on rows that are on disk (a :class:`~tasks.streaming.RowBuffer`
+    past its cap), in memory bounded by the buffer's ``max_rows``.
+
+    The same model, loss, optimiser and one-cycle schedule; the features are standardised by
+    their mean and standard deviation over every row (computed in float64, one piece at a
+    time) and the weights divided by their mean. Each epoch visits the pieces in a seeded
+    shuffle, packed into chunks of at most ``max_rows`` rows; a chunk's rows are shuffled and cut
+    into minibatches (the last one of a chunk may be smaller). Every row is seen once an epoch,
+    as in memory; only the minibatches differ, since a minibatch mixes rows of one chunk.
+
+    Parameters
+    ----------
+    rows : RowBuffer, not ``resident``; per-image field ``tags`` (K,) bool
+    x, y, weight : names of the row fields of the (N, D) features, (N, K) soft targets and the
+        optional (N,) weights
+    moments : ``{x: (n, sum, sum of squares), weight: ...}`` of :meth:`RowBuffer.moments`, when
+        the caller has them already (the MIL trains on the same features every iteration)
+
+    Returns
+    -------
+    model, per-epoch mean losses
+    """
+    if rows.resident or not rows.pieces:
+        raise ValueError("train_streamed needs rows on disk; train_proposal_classifier takes rows in memory")
+    moments = dict(moments or {})
+    for name in (x,) + ((weight,) if weight else ()):
+        if name not in moments:
+            moments[name] = rows.moments(name)
+    g = torch.Generator().manual_seed(seed)
+    torch.manual_seed(seed)
+    mean, std = mean_std(*moments[x])
+    w_mean = max(float(moments[weight][1]) / max(rows.n_rows, 1), 1e-12) if weight else 1.0
+    model = ProposalMLP(len(mean), rows.shapes["tags"][0], hidden)
+    model.mean.copy_(torch.from_numpy(mean.astype(np.float32)))
+    model.std.copy_(torch.from_numpy(std.astype(np.float32)).clamp_min(1e-4))
+    opt = torch.optim.AdamW(model.parameters(), lr=lr, weight_decay=1e-4)
+    plans = [rows.plan(torch.randperm(len(rows.pieces), generator=g).tolist()) for _ in range(epochs)]
+    steps = sum(-(-sum(rows.pieces[i].rows for i in c) // batch_size) for plan in plans for c in plan)
+    sched = torch.optim.lr_scheduler.OneCycleLR(opt, max_lr=lr, total_steps=steps)
+    losses = []
+    model.train()
+    for plan in plans:
+        total = sum(_stream_chunk(model, opt, sched, rows, c, x, y, weight, w_mean, batch_size, g, negatives)
+                    for c in plan)
+        losses.append(total / rows.n_rows)
+    model.eval()
+    return model, losses
+
+
+def _stream_chunk(model: ProposalMLP, opt, sched, rows: RowBuffer, pieces: list[int], x: str, y: str,
+                  weight: str | None, w_mean: float, batch_size: int, g: torch.Generator, negatives: bool) -> float:
+    """One chunk of an epoch of :func:`train_streamed`: load, shuffle, step; its arrays go on return."""
+    with rows.chunk(pieces, [x, y, "tags"] + ([weight] if weight else [])) as c:
+        xs = torch.from_numpy(c[x].astype(np.float32, copy=False))
+        ys = torch.from_numpy(c[y].astype(np.float32, copy=False))
+        mask = torch.from_numpy(np.repeat(c["tags"], c["counts"], 0))
+        wt = (torch.ones(len(xs)) if weight is None
+              else torch.from_numpy(c[weight].astype(np.float32)) / np.float32(w_mean))
+        n = len(xs)
+        perm = torch.randperm(n, generator=g)
+        return sum(_step(model, opt, sched, xs, ys, mask, wt, perm[i:i + batch_size], negatives)
+                   for i in range(0, n, batch_size))
 
 
 @torch.no_grad()
@@ -189,39 +262,80 @@ def round_mil_model(store: Store, r: int) -> ProposalMLP | None:
 
 
 def train_round(store: Store, r: int, records: list[ImageRecord], feature_key: str, cfg: ProposalConfig, *,
-                mil_prior_weight: float, seed: int) -> None:
+                mil_prior_weight: float, seed: int, budget: RowBudget | None = None) -> None:
     """METHOD.md A step 3: round ``r``'s proposal classifier, trained on the whole corpus and
     saved as the round's ``proposal_classifier`` checkpoint. Its targets come from the
     preliminary result, refined by the round's MIL classifier when there is one
-    (``mil_prior_weight``: the preliminary result's weight in that mixture)."""
+    (``mil_prior_weight``: the preliminary result's weight in that mixture).
+
+    At most ``cfg.max_samples`` proposals are held at once (:class:`~tasks.streaming.RowBuffer`):
+    a corpus with fewer trains in memory as it always did, a larger one streams its proposals
+    from a temporary folder each epoch (:func:`train_streamed`). ``budget`` counts the rows held
+    (a test's or benchmark's own, to read its ``peak``)."""
     if store.usable_checkpoint("proposal_classifier", r):
         return
     classes = store.classes()
     mil_model = round_mil_model(store, r)
-    feats, targets, tags, sp_probs, feat_objs = [], [], [], [], []
     prog = Progress("proposal-classifier", len(records))
-    for i, rec in enumerate(records):
-        f = load_features(store, rec, feature_key)
-        allowed = classes.tag_vector(rec.tags)
-        sp_prob = sp_evidence(f, store.prelim(r, rec.image_id, classes.n), allowed, mil_model, mil_prior_weight)
-        feats.append(proposal_inputs(f))
-        targets.append(proposal_targets(f.membership, sp_prob, f.sp_areas, allowed, sharpen=cfg.target_sharpen))
-        tags.append(allowed)
-        sp_probs.append(sp_prob)
-        feat_objs.append(f)
-        if (i + 1) % max(1, len(records) // 4) == 0:
-            prog.advance(max(1, len(records) // 4), "features gathered")
-    model, losses = train_proposal_classifier(feats, targets, tags, hidden=cfg.hidden, epochs=cfg.epochs, lr=cfg.lr,
-                                              seed=seed + r, negatives=cfg.negatives)
-    for it in range(cfg.mil_iterations):
-        # multiple-instance refinement: targets from the mixture of the preliminary result and
-        # the classifier's own multi-scale superpixel scores, then retrain
-        targets = []
-        for x, allowed, sp_prob, f in zip(feats, tags, sp_probs, feat_objs):
-            sp_clf = superpixel_scores(predict_proposals(model, x, allowed), f.membership)
-            mixed = combine_evidence(sp_prob, sp_clf, allowed, weight=cfg.evidence_weight)
-            targets.append(proposal_targets(f.membership, mixed, f.sp_areas, allowed, sharpen=cfg.target_sharpen))
-        model, losses = train_proposal_classifier(feats, targets, tags, hidden=cfg.hidden, epochs=cfg.epochs,
-                                                  lr=cfg.lr, seed=seed + r + 1000 * (it + 1), negatives=cfg.negatives)
-    prog.message(f"trained on {sum(len(f) for f in feats)} proposals, loss {losses[0]:.3f} -> {losses[-1]:.3f}")
+    with RowBuffer(cfg.max_samples, budget=budget) as rows:
+        for i, rec in enumerate(records):
+            f = load_features(store, rec, feature_key)
+            allowed = classes.tag_vector(rec.tags)
+            sp_prob = sp_evidence(f, store.prelim(r, rec.image_id, classes.n), allowed, mil_model, mil_prior_weight)
+            rows.add({"x": proposal_inputs(f),
+                      "y": proposal_targets(f.membership, sp_prob, f.sp_areas, allowed, sharpen=cfg.target_sharpen)},
+                     {"tags": allowed})
+            if (i + 1) % max(1, len(records) // 4) == 0:
+                prog.advance(max(1, len(records) // 4), "features gathered")
+        rows.finish()
+        if not rows.resident:
+            prog.message(f"{rows.n_rows} proposals, more than max_samples = {cfg.max_samples}: streamed each epoch "
+                         f"from {len(rows.pieces)} pieces in {rows.folder}")
+        targets = rows.lists("y") if rows.resident else None
+        model, losses = _fit(rows, targets, cfg, seed + r)
+        for it in range(cfg.mil_iterations):
+            # multiple-instance refinement: targets from the mixture of the preliminary result and
+            # the classifier's own multi-scale superpixel scores, then retrain
+            targets = _retarget(store, r, records, feature_key, rows, model, mil_model, mil_prior_weight, cfg)
+            model, losses = _fit(rows, targets, cfg, seed + r + 1000 * (it + 1))
+        prog.message(f"trained on {rows.n_rows} proposals, loss {losses[0]:.3f} -> {losses[-1]:.3f}")
     store.write_classifier("proposal_classifier", r, model, losses=[float(v) for v in losses])
+
+
+def _fit(rows: RowBuffer, targets: list[np.ndarray] | None, cfg: ProposalConfig,
+         seed: int) -> tuple[ProposalMLP, list[float]]:
+    """The proposal classifier on ``rows``: in memory on ``targets`` (resident rows), else streamed
+    on the row field ``y``."""
+    kw = dict(hidden=cfg.hidden, epochs=cfg.epochs, lr=cfg.lr, seed=seed, negatives=cfg.negatives)
+    if rows.resident:
+        return train_proposal_classifier(rows.lists("x"), targets, rows.lists("tags"), **kw)
+    return train_streamed(rows, **kw)
+
+
+def _image_targets(store: Store, r: int, rec: ImageRecord, feature_key: str, x: np.ndarray, allowed: np.ndarray,
+                   model: ProposalMLP, mil_model: ProposalMLP | None, mil_prior_weight: float,
+                   cfg: ProposalConfig, n_classes: int) -> np.ndarray:
+    """(P, K) targets of one image from the preliminary evidence mixed with ``model``'s
+    superpixel scores (read again from the store: nothing per image is kept between passes)."""
+    f = load_features(store, rec, feature_key)
+    sp_prob = sp_evidence(f, store.prelim(r, rec.image_id, n_classes), allowed, mil_model, mil_prior_weight)
+    sp_clf = superpixel_scores(predict_proposals(model, x, allowed), f.membership)
+    mixed = combine_evidence(sp_prob, sp_clf, allowed, weight=cfg.evidence_weight)
+    return proposal_targets(f.membership, mixed, f.sp_areas, allowed, sharpen=cfg.target_sharpen)
+
+
+def _retarget(store: Store, r: int, records: list[ImageRecord], feature_key: str, rows: RowBuffer,
+              model: ProposalMLP, mil_model: ProposalMLP | None, mil_prior_weight: float,
+              cfg: ProposalConfig) -> list[np.ndarray] | None:
+    """Every image's new targets (:func:`_image_targets`): returned as a list for rows in memory,
+    written into the pieces (row field ``y``) for rows on disk."""
+    n = store.classes().n
+    if rows.resident:
+        return [_image_targets(store, r, rec, feature_key, x, t, model, mil_model, mil_prior_weight, cfg, n)
+                for rec, x, t in zip(records, rows.lists("x"), rows.lists("tags"))]
+    for i in range(len(rows.pieces)):
+        with rows.chunk([i], ["x", "tags"]) as c:
+            new = [_image_targets(store, r, records[j], feature_key, x, t, model, mil_model, mil_prior_weight, cfg, n)
+                   for j, x, t in zip(c["image_index"], split_images(c, "x"), c["tags"])]
+        rows.write(i, "y", np.concatenate(new))
+    return None
