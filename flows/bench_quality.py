@@ -43,6 +43,7 @@ from flows.wsss import (SHARD_TASK, compute_all_features, evaluate_sources, gate
 from tasks import ablation, quality
 from tasks.config import WSSSConfig
 from tasks.crf import CRF_DEFAULTS, cam_crf_shard
+from tasks.pipeline import box_grabcut_shard
 from tasks.report import write_quality_report
 from tasks.segmenter import final_model_config, train_segmenter
 from tasks.store import ImageRecord, Store
@@ -51,6 +52,7 @@ __all__ = ["bench_quality", "score_model", "seed_spread", "run_ablations", "comp
            "measure_train_speed"]
 
 cam_crf_task = task(name="cam-crf-shard", **SHARD_TASK)(cam_crf_shard)
+box_grabcut_task = task(name="box-grabcut-shard", **SHARD_TASK)(box_grabcut_shard)
 
 
 @flow(name="bench_quality")
@@ -71,12 +73,17 @@ def bench_quality(data: str, run_dir: str, config: WSSSConfig, out: str, eval_sp
     with quality.timed(stages, "train_wsss"):
         summary = on_cluster(train_wsss, dask_address)(str(store.root), config, dask_address)
     rounds, key = quality.method_rounds(summary), summary["feature_key"]
-    final_r = int(rounds[-1]["round"])
-    # 2. baselines on the same images: CAM (stored by round 0) and CAM + CRF
+    # the final round's labels (tasks.stopping) and the final model: the last round run's, trained on them
+    final_r, model_r = quality.final_round(summary), int(rounds[-1]["round"])
+    # 2. baselines on the same images: CAM (stored by round 0), CAM + CRF and, with an implicit
+    # background, GrabCut from a box inset 10% from the border
     with quality.timed(stages, "baselines"):
         run_shards(cam_crf_task, shards_of(records, config.shard_size), "cam+crf", run_dir=str(store.root), crf=crf)
-        labels = evaluate_sources(str(store.root), records, [[0, "cam"], [0, "cam_crf"], [final_r, "pseudo"]],
-                                  config.shard_size, stage="evaluate pseudo-labels")
+        sources = [[0, "cam"], [0, "cam_crf"], [final_r, "pseudo"]]
+        if store.classes().background is not None:
+            run_shards(box_grabcut_task, shards_of(records, config.shard_size), "box grabcut", run_dir=str(store.root))
+            sources.append([0, "box_grabcut"])
+        labels = evaluate_sources(str(store.root), records, sources, config.shard_size, stage="evaluate pseudo-labels")
     # 3. the final model on the eval split (gated by the image classifier per config.inference;
     # the ungated figures are kept beside the gated ones)
     with quality.timed(stages, "evaluate_model"):
@@ -84,19 +91,19 @@ def bench_quality(data: str, run_dir: str, config: WSSSConfig, out: str, eval_sp
         eval_split, eval_records, warnings = quality.eval_records(store, eval_split, config.split, records)
         eval_key = compute_all_features(str(store.root), eval_records, config)
         wsss = score_model(store, eval_records, eval_split, eval_key, gate, config.shard_size,
-                           "evaluate WSSS model", "segmenter", final_r)
+                           "evaluate WSSS model", "segmenter", model_r)
     # 4. supervised reference: the final model's recipe (network, start, total epochs, seed:
-    # round final_r's), masks instead of pseudo-labels
+    # round model_r's), masks instead of pseudo-labels
     with quality.timed(stages, "supervised"):
         recipe = final_model_config(config, len(rounds))
-        train_segmenter(store, records, key, recipe, r=final_r, label_round=None, kind="supervised")
+        train_segmenter(store, records, key, recipe, r=model_r, label_round=None, kind="supervised")
         supervised = score_model(store, eval_records, eval_split, eval_key, gate, config.shard_size,
                                  "evaluate supervised model", "supervised")
     res = quality.quality_result(
         data=data, store=store, config=config, records=records, eval_split=eval_split,
         eval_images=len(eval_records), summary=summary, labels=labels, wsss=wsss, supervised=supervised,
         gated=bool(gate), supervised_epochs=recipe.segmentation.epochs, crf=crf,
-        final_model=str(store.checkpoint_path("segmenter", final_r)),
+        final_model=str(store.checkpoint_path("segmenter", model_r)),
         supervised_model=str(store.checkpoint_path("supervised")), warnings=warnings)
     # 4b. more seeds of both models: on a small eval split the ratio moves by a few hundredths
     # with the seed alone; each further pair shares the labels, recipe and classifier

@@ -3,10 +3,11 @@
   wsseg demo                   the whole method on the bundled 64-image sample
   wsseg ingest SOURCE          a dataset folder (labels.csv or VOC layout) -> corpus store
   wsseg train                  refresh rounds until convergence (flow train_wsss)
+  wsseg refresh                label new images with the last round's models, without training
   wsseg evaluate               mIoU of pseudo-labels or of a model against the masks
   wsseg segment IMAGE...       label new images with a trained model, any image size
   wsseg ui                     the Prefect and MLflow dashboards of a run directory, on 127.0.0.1
-  wsseg bench quality|train|highres
+  wsseg bench quality|train|highres|pipeline
                                benchmarks that print figures and write them as JSON
 
 Every command works in a run directory (--run-dir, default runs/default); `wsseg COMMAND --help`
@@ -37,12 +38,52 @@ def _version() -> str:
 
 def _common(p: argparse.ArgumentParser, default_run: str = DEFAULT_RUN_DIR) -> None:
     p.add_argument("--run-dir", default=default_run,
-                   help=f"run directory holding the corpus store, rounds, Prefect and MLflow state (default: {default_run})")
+                   help=f"run directory holding the corpus store, rounds, Prefect and MLflow state (default: {default_run}); "
+                        "or an fsspec URL such as s3://bucket/run (the store on object storage, the Prefect and MLflow "
+                        "state in a local state folder, see --state-dir)")
+    _storage_args(p)
     p.add_argument("--workers", type=int, default=os.cpu_count() or 2,
                    help="Dask worker processes of the local cluster (default: one per core)")
     p.add_argument("--dask-address", default=None,
                    help="use an existing Dask scheduler (tcp://host:8786) instead of a local cluster")
     p.add_argument("--verbose", action="store_true", help="show Prefect's own log lines")
+
+
+def _storage_args(p: argparse.ArgumentParser, state: bool = True) -> None:
+    """--storage-option and --state-dir: a run directory on object storage (tasks.store.remote)."""
+    p.add_argument("--storage-option", dest="storage_options", action="append", default=[], metavar="KEY=VALUE",
+                   help="an option of the object store's fsspec filesystem, e.g. endpoint_url=http://127.0.0.1:9000 "
+                        "for an S3-compatible server (repeatable; values are JSON when they parse as JSON). "
+                        "Credentials and endpoint also come the standard way: AWS_ACCESS_KEY_ID, AWS_SECRET_ACCESS_KEY, "
+                        "AWS_ENDPOINT_URL, FSSPEC_S3_ENDPOINT_URL; the options reach the local cluster's workers as "
+                        "WSSEG_STORAGE_OPTIONS (an existing cluster's workers need the same environment)")
+    if not state:
+        return
+    p.add_argument("--state-dir", default=None, metavar="DIR",
+                   help="local folder for what cannot live on object storage (PREFECT_HOME, mlflow.db, Dask scratch, "
+                        "the writer lock) when the run directory is a URL (default: $WSSEG_STATE_DIR, else "
+                        "~/.cache/wsseg/runs/<scheme>/<bucket>/<path>; WSSEG_STATE_HOME moves that base); a local run "
+                        "directory is its own state folder")
+
+
+def apply_storage_args(args) -> None:
+    """--storage-option and --state-dir as the environment every Store of this command (and the local
+    cluster's workers) reads."""
+    from tasks.store.remote import OPTIONS_ENV, STATE_DIR_ENV, parse_storage_options
+
+    if getattr(args, "storage_options", None):
+        opts = json.loads(os.environ.get(OPTIONS_ENV) or "{}") | parse_storage_options(args.storage_options)
+        os.environ[OPTIONS_ENV] = json.dumps(opts)
+    if getattr(args, "state_dir", None):
+        os.environ[STATE_DIR_ENV] = str(Path(args.state_dir).expanduser().resolve())
+
+
+def run_root(run_dir):
+    """The run directory as the store sees it: a resolved local path, or for an fsspec URL its UPath
+    (the scheme's package checked: a one-line error naming it when missing)."""
+    from tasks.store import Store
+
+    return Store(run_dir).root
 
 
 def _config_args(p: argparse.ArgumentParser) -> None:
@@ -122,17 +163,28 @@ DEMO_CONFIG = {
 
 
 def print_rounds(rows: list[dict], stream=sys.stdout) -> None:
-    print(f"{'round':>6} {'mIoU':>7} {'changed':>8} {'ignore':>7} {'wall s':>7}", file=stream)
+    print(f"{'round':>6} {'mIoU':>7} {'cls acc':>7} {'changed':>8} {'ignore':>7} {'wall s':>7}", file=stream)
     for r in rows:
         f = lambda v, p=3: "-" if v is None else f"{v:.{p}f}"
-        print(f"{str(r['round']):>6} {f(r['pseudo_label_miou']):>7} {f(r['changed_share']):>8} "
-              f"{f(r['ignore_share']):>7} {f(r['wall_seconds'], 1):>7}", file=stream)
+        print(f"{str(r['round']):>6} {f(r['pseudo_label_miou']):>7} {f(r.get('pseudo_label_class_accuracy')):>7} "
+              f"{f(r['changed_share']):>8} {f(r['ignore_share']):>7} {f(r['wall_seconds'], 1):>7}", file=stream)
+
+
+def print_final(s: dict, stream=sys.stdout) -> None:
+    """The final round and why the rounds stopped, and the warnings of a ``train_wsss`` summary."""
+    if s.get("final_round") is not None:
+        print(f"\nfinal: round {s['final_round']} ({s.get('stop_reason')})", file=stream)
+    for w in s.get("warnings", []):
+        print(f"warning: {w}", file=sys.stderr)
 
 
 def print_where(run_dir: Path, stream=sys.stdout) -> None:
+    from tasks.store.remote import state_dir_for
+
+    state = state_dir_for(run_dir)  # the run directory itself when it is local
     print(f"\nDashboards:    wsseg ui --run-dir {run_dir}   (Prefect flow runs with their logs and artifacts on "
           f"http://127.0.0.1:4200, MLflow runs, metrics, overlays and models on http://127.0.0.1:5000)", file=stream)
-    print(f"Run state:     {run_dir / '.prefect'} (PREFECT_HOME), sqlite:///{run_dir / 'mlflow.db'} (MLflow)",
+    print(f"Run state:     {state / '.prefect'} (PREFECT_HOME), sqlite:///{state / 'mlflow.db'} (MLflow)",
           file=stream)
 
 
@@ -158,9 +210,11 @@ def cmd_ingest(args) -> int:
     from flows.wsss import ingest
 
     # a clean source's headers were just read: the flow does not read them again (with rejected
-    # images it does, so that it knows them)
-    with dask_cluster(args.dask_address, args.workers, Path(args.run_dir)) as address:
-        s = on_cluster(ingest, address)(str(args.source), args.run_dir, args.shard_size,
+    # images it does, so that it knows them). Absolute paths: the workers of an existing cluster
+    # run in folders of their own
+    root = run_root(args.run_dir)
+    with dask_cluster(args.dask_address, args.workers, root) as address:
+        s = on_cluster(ingest, address)(str(Path(args.source).resolve()), str(root), args.shard_size,
                                         args.skip_invalid, bg, headers_checked=not check.rejected, **opts)
     print(f"ingested {s['images']} of {s['listed']} listed images ({s['skipped']} skipped, {s['problems']} "
           f"problem(s)), {s['classes']} classes, splits {s['splits']}, implicit background: "
@@ -168,8 +222,41 @@ def cmd_ingest(args) -> int:
     if s["composited"]:
         print(f"{s['composited']} image(s) with transparent pixels composited on the background colour "
               f"({args.alpha_background or ing.ALPHA_BACKGROUND}; see the report)")
+    for w in s.get("warnings", []):
+        print(f"warning: {w}", file=sys.stderr)
+    ch = s.get("changes") or {}
+    if ch and ch["added"] != s["images"]:  # an ingest again into a run directory holding a corpus
+        print(f"against the corpus before: {ch['added']} added, {ch['removed']} removed, {ch['changed']} changed, "
+              f"{ch['retagged']} retagged, {ch['unchanged']} unchanged; {ch['decoded']} image(s) decoded")
+        if ch.get("classes"):
+            print(f"the class list changed ({len(ch['classes']['before'])} -> {len(ch['classes']['now'])} classes): "
+                  "`wsseg train` retrains; `wsseg refresh` cannot label with the old models")
+        elif ch["added"] or ch["changed"] or ch["retagged"]:
+            print(f"label them with the current models: wsseg refresh --run-dir {args.run_dir}  "
+                  f"(or retrain: wsseg train --run-dir {args.run_dir})")
     print(f"report: {s['report']}")
-    print(Path(args.run_dir).resolve() / "corpus")
+    print(run_root(args.run_dir) / "corpus")
+    return 0
+
+
+def cmd_refresh(args) -> int:
+    from flows.runtime import dask_cluster, on_cluster
+    from flows.wsss import refresh
+
+    run = run_root(args.run_dir)
+    with dask_cluster(args.dask_address, args.workers, run) as address:
+        s = on_cluster(refresh, address)(str(run))
+    if args.json:
+        print(json.dumps(s, default=str))
+        return 0
+    miou = "-" if s["pseudo_label_miou"] is None else f"{s['pseudo_label_miou']:.4f}"
+    print(f"labelled {s['labelled']} of {s['images']} images with round {s['round']}'s models in "
+          f"{s['wall_seconds']:.1f} s ({s['core_ms_per_image']:.0f} core-ms per image: features "
+          f"{s['stage_seconds']['features']:.1f} s, preliminary {s['stage_seconds']['prelim']:.1f} s, pseudo-labels "
+          f"{s['stage_seconds']['pseudo']:.1f} s); their pseudo-label mIoU {miou}")
+    from tasks.store import Store
+
+    print(Store(run).root / "refresh.json")
     return 0
 
 
@@ -178,7 +265,7 @@ def cmd_train(args, base: dict | None = None) -> int:
     from flows.wsss import train_wsss
 
     config = build_config(args, base)
-    run = Path(args.run_dir).resolve()
+    run = run_root(args.run_dir)
     with dask_cluster(args.dask_address, args.workers, run) as address:
         s = on_cluster(train_wsss, address)(str(run), config, address, model_name=args.register)
     if args.json:
@@ -186,6 +273,7 @@ def cmd_train(args, base: dict | None = None) -> int:
         return 0
     print()
     print_rounds(s["rounds"])
+    print_final(s)
     print(f"\nconverged: {s['converged']}; {len(s['rounds']) - 1} round(s) on {s['images']} images in "
           f"{s['wall_seconds']:.0f}s; final model {s['final_model']}")
     print_where(run)
@@ -200,7 +288,7 @@ def cmd_demo(args) -> int:
     from flows.wsss import ingest, train_wsss
 
     t0 = time.perf_counter()
-    run = Path(args.run_dir).resolve()
+    run = run_root(args.run_dir)
     config = build_config(args, DEMO_CONFIG)
     print(f"wsseg demo: {SAMPLE} -> {run}", flush=True)
     with dask_cluster(args.dask_address, args.workers, run) as address:
@@ -208,6 +296,7 @@ def cmd_demo(args) -> int:
         s = on_cluster(train_wsss, address)(str(run), config, address, model_name=args.register)
     print("\npseudo-label quality on the sample (tags only for training; masks only for this table):")
     print_rounds(s["rounds"])
+    print_final(s)
     print(f"\nconverged: {s['converged']}; total wall time {time.perf_counter() - t0:.0f}s; "
           f"overlays: {run / 'rounds' / 'r000' / 'overlay.png'} ...")
     print_where(run)
@@ -221,17 +310,19 @@ def cmd_evaluate(args) -> int:
     from flows.runtime import dask_cluster, on_cluster
     from flows.wsss import evaluate
 
-    with dask_cluster(args.dask_address, args.workers, Path(args.run_dir)) as address:
-        res = on_cluster(evaluate, address)(str(Path(args.run_dir).resolve()), args.round, args.split, args.source)
+    with dask_cluster(args.dask_address, args.workers, run_root(args.run_dir)) as address:
+        res = on_cluster(evaluate, address)(str(run_root(args.run_dir)), args.round, args.split, args.source)
     if args.json:
         print(json.dumps(res))
         return 0
     gate = (f" (gated by the image classifier; ungated {res['ungated_miou']:.4f})"
             if res.get("gated") else "")
     print(f"round {res['round']} {args.source} on {args.split}: mIoU {res['miou']:.4f}, "
-          f"pixel accuracy {res['pixel_accuracy']:.4f}{gate}")
+          f"pixel accuracy {res['pixel_accuracy']:.4f}, mean class accuracy {res['mean_class_accuracy']:.4f}{gate}")
+    print(f"  {'class':>12} {'IoU':>6} {'acc.':>6}")
     for name, v in res["per_class_iou"].items():
-        print(f"  {name:>12} {'-' if v is None else f'{v:.3f}'}")
+        a = res.get("per_class_accuracy", {}).get(name)
+        print(f"  {name:>12} {'-' if v is None else f'{v:.3f}':>6} {'-' if a is None else f'{a:.3f}':>6}")
     return 0
 
 
@@ -239,9 +330,11 @@ def cmd_status(args) -> int:
     from tasks.status import format_status, run_status
     from tasks.store import Store
 
-    if not Path(args.run).is_dir():
+    store = Store(args.run)  # a URL's scheme checked here
+    store.check_reachable()
+    if not (store.exists() if store.remote else store.root.is_dir()):
         raise ValueError(f"{args.run}: no such run directory")
-    st = run_status(Store(args.run))
+    st = run_status(store)
     print(json.dumps(st, default=str) if args.json else format_status(st))
     return 0
 
@@ -304,16 +397,35 @@ def parser() -> argparse.ArgumentParser:
 
     p = sub.add_parser("train", help="refresh rounds until convergence (flow train_wsss)",
                        description="Run refresh rounds on the ingested corpus until the changed-pixel share falls "
-                                   "under epsilon or the round budget ends. Re-running resumes a stopped run.")
+                                   "under epsilon or the round budget ends. Re-running resumes a stopped run: "
+                                   "the image classifier and each round are reused only while the class list, the "
+                                   "corpus content (a manifest hash) and the configuration they were computed from "
+                                   "are unchanged; otherwise the command says what changed and computes them again "
+                                   "(after `wsseg ingest` of a grown source, this retrains; `wsseg refresh` labels "
+                                   "the new images without training).")
     _common(p)
     _config_args(p)
     _register_arg(p)
     p.add_argument("--json", action="store_true", help="print the summary as one JSON object (for scripts)")
     p.set_defaults(func=cmd_train)
 
+    p = sub.add_parser("refresh", help="label new images with the last round's models, without training",
+                       description="Label the images the last finished round has no pseudo-label of (ingested "
+                                   "since, or changed or retagged: `wsseg ingest` again drops their labels) as that "
+                                   "round would: features, the preliminary result of its network, its MIL and "
+                                   "proposal classifiers, fusion and seeded segmentation, trained on nothing. The "
+                                   "labels go into the round's arrays (evaluate and status see them); refresh.json "
+                                   "records the run. Refused when the class list or the configuration changed: "
+                                   "`wsseg train` retrains. Re-running resumes.")
+    _common(p)
+    p.add_argument("--json", action="store_true", help="print the summary as one JSON object (for scripts)")
+    p.set_defaults(func=cmd_refresh)
+
     p = sub.add_parser("evaluate", help="mIoU against the ground-truth masks")
     _common(p)
-    p.add_argument("--round", type=int, default=None, help="round to evaluate (default: the last finished one)")
+    p.add_argument("--round", type=int, default=None, help="round to evaluate (default: the run's final round for "
+                                                             "--source pseudo, see `wsseg train`; the last finished "
+                                                             "one otherwise)")
     p.add_argument("--split", default="train", help="split of the corpus to measure on (default train)")
     p.add_argument("--json", action="store_true", help="print the result as one JSON object (for scripts)")
     p.add_argument("--source", choices=["pseudo", "cam", "model"], default="pseudo",
@@ -344,6 +456,7 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("run", nargs="?", default=DEFAULT_RUN_DIR,
                    help=f"the run directory (default: {DEFAULT_RUN_DIR})")
     p.add_argument("--json", action="store_true", help="print the status as one JSON object (for scripts)")
+    _storage_args(p)
     p.set_defaults(func=cmd_status)
 
     bench = sub.add_parser("bench", help="benchmarks that print and write figures").add_subparsers(
@@ -351,12 +464,15 @@ def parser() -> argparse.ArgumentParser:
     _add_bench_quality_parser(bench)
     _add_bench_train_parser(bench)
     _add_bench_highres_parser(bench)
+    _add_bench_pipeline_parser(bench)
     _add_segment_parser(sub)
     return ap
 
 
+#: commands whose --run-dir may be an fsspec URL (the store on object storage)
+REMOTE_COMMANDS = ("ingest", "train", "refresh", "evaluate", "demo", "ui")
 #: commands that write a run directory: one at a time per directory (tasks.store.lock)
-WRITERS = ("demo", "ingest", "train", "bench quality")
+WRITERS = ("demo", "ingest", "train", "refresh", "bench quality", "bench pipeline")
 
 
 def command_name(args) -> str:
@@ -371,11 +487,11 @@ def precheck(args) -> None:
     name = command_name(args)
     if name in ("train", "demo"):
         build_config(args, DEMO_CONFIG if name == "demo" else None)  # a bad --set or --config fails here
-    if name in ("train", "evaluate"):
-        run = Path(args.run_dir)
-        if not Store(run).has_corpus():
-            raise ValueError(f"{run}: no corpus here; run `wsseg ingest SOURCE --run-dir {args.run_dir}` first")
-    if name == "evaluate" and not Store(args.run_dir).finished_rounds():
+    if name in ("train", "evaluate", "refresh"):
+        run = Store(args.run_dir)
+        if not run.has_corpus():
+            raise ValueError(f"{run.root}: no corpus here; run `wsseg ingest SOURCE --run-dir {args.run_dir}` first")
+    if name in ("evaluate", "refresh") and not Store(args.run_dir).finished_rounds():
         raise ValueError(f"{args.run_dir}: no finished round yet; run `wsseg train --run-dir {args.run_dir}` first")
     if name == "ingest" and not Path(args.source).is_dir():
         raise ValueError(f"{args.source}: no such source folder")
@@ -444,9 +560,18 @@ def main(argv: list[str] | None = None) -> int:
     args = parser().parse_args(argv)
     announce(args)
     verbose = getattr(args, "verbose", False)
-    run_dir = Path(args.run_dir) if getattr(args, "run_dir", None) else None
-    existed = run_dir is not None and run_dir.exists()
+    run_dir, existed = None, False
     try:
+        apply_storage_args(args)
+        if getattr(args, "run_dir", None):
+            from tasks.store import Store
+
+            store = Store(args.run_dir)  # a URL whose scheme has no installed package is refused here
+            if store.remote and command_name(args) not in REMOTE_COMMANDS:
+                raise ValueError(f"{args.run_dir}: wsseg {command_name(args)} needs a local --run-dir (a run "
+                                 f"directory on object storage works with: {', '.join(REMOTE_COMMANDS)})")
+            store.check_reachable()  # one request: an unreachable endpoint or a missing bucket is one line
+            run_dir, existed = (store.root if store.remote else Path(args.run_dir)), store.exists()
         precheck(args)
         if run_dir is not None:
             from flows.runtime import prepare
@@ -479,7 +604,9 @@ def main(argv: list[str] | None = None) -> int:
         _record_error(run_dir, args, e)
         if isinstance(e, (IngestError, FileNotFoundError, ValueError)) and not verbose:
             if run_dir is not None and not existed:
-                _remove_if_scaffolding(run_dir)
+                from tasks.store.remote import state_dir_for
+
+                _remove_if_scaffolding(state_dir_for(run_dir))  # the run directory itself when local
             print(f"wsseg: error: {e}", file=sys.stderr)
             return 2
         raise
@@ -603,7 +730,8 @@ def _add_segment_parser(sub) -> argparse.ArgumentParser:
     p.add_argument("--model", "--checkpoint", dest="model", required=True, metavar="RUN_OR_CHECKPOINT",
                    help="a checkpoint (.pt), a `wsseg train` run directory (its final model), or a `wsseg bench "
                         "highres` output (its JSON or folder: the *_global_local.pt beside it); --checkpoint is an "
-                        "alias")
+                        "alias; a run directory or checkpoint on object storage as an fsspec URL (s3://bucket/run)")
+    _storage_args(p, state=False)
     p.add_argument("--out", "--out-dir", dest="out", required=True, metavar="DIR",
                    help="folder for the label PNGs (created); --out-dir is an alias")
     p.add_argument("--fov", choices=["auto", "none"], default="auto",
@@ -633,7 +761,9 @@ def cmd_bench_highres(args) -> int:
             res = bench_highres(str(args.data), args.split, str(args.out), train_n=args.train_n, eval_n=args.eval_n,
                           patch_size=args.patch_size, scale=args.scale, steps=args.steps, batch=args.batch,
                           lr=args.lr, width=args.width, overlap=args.overlap, balanced=args.balanced, seed=args.seed,
-                          threads=args.threads, device=args.device)
+                          threads=args.threads, device=args.device, eval_split=args.eval_split,
+                          variants=tuple(args.variants), images_per_batch=args.images_per_batch,
+                          memory_probe=args.memory_probe)
     except ValueError as e:
         print(f"wsseg bench highres: error: {e}", file=sys.stderr)
         return 2
@@ -657,8 +787,12 @@ def _add_bench_highres_parser(bench) -> argparse.ArgumentParser:
     p.add_argument("--split", default="train", help="id list to draw train and eval images from (default train)")
     p.add_argument("--out", "--out-json", dest="out", required=True, metavar="FILE.json",
                    help="result JSON (overlay PNG and checkpoint go beside it); --out-json is an alias")
-    p.add_argument("--train-n", type=int, default=12, help="training images (default 12)")
-    p.add_argument("--eval-n", type=int, default=3, help="evaluation images (default 3)")
+    p.add_argument("--eval-split", default=None, metavar="SPLIT",
+                   help="evaluate on this id list (e.g. val) and train on --split; default: both drawn from --split")
+    p.add_argument("--train-n", type=int, default=None,
+                   help="training images (default 12; with --eval-split all of --split)")
+    p.add_argument("--eval-n", type=int, default=None,
+                   help="evaluation images (default 3; with --eval-split all of it)")
     p.add_argument("--patch-size", type=int, default=256, help="patch side at working resolution (default 256)")
     p.add_argument("--scale", type=float, default=0.5, help="working resolution / original (default 0.5)")
     p.add_argument("--steps", type=int, default=400, help="training steps per variant (default 400)")
@@ -670,6 +804,17 @@ def _add_bench_highres_parser(bench) -> argparse.ArgumentParser:
     p.add_argument("--seed", type=int, default=0, help="random seed (default 0)")
     p.add_argument("--threads", type=int, default=2, help="torch CPU threads (default 2)")
     p.add_argument("--device", default="cpu", help="torch device (default cpu)")
+    p.add_argument("--variants", nargs="+", default=["global_local", "patch_only", "downsampled"], metavar="NAME",
+                   help="networks to train and score, same budget each (default: global_local patch_only "
+                        "downsampled); ablations of global_local (tasks.highres.VARIANTS): gl_f2 (F1 and F2 only), "
+                        "gl_f2_pool (+ pooling branch), gl_f2_spatial (+ spatial branch), gl_coarse2x (coarse image "
+                        "of twice the patch side), gl_gate0 / gl_gate1 (F2 times a learnable scalar starting at 0 / "
+                        "1), gl_coarse_loss (+ a loss on the coarse image)")
+    p.add_argument("--images-per-batch", type=int, default=2,
+                   help="images the patches of one step are cut from, each with its coarse image (default 2)")
+    p.add_argument("--memory-probe", action=argparse.BooleanOptionalAction, default=True,
+                   help="measure `wsseg segment`'s peak memory at 1x and 2x side (default on; needs a variant "
+                        "with the coarse image)")
     p.add_argument("--json", action="store_true", help="print the result as one JSON object (for scripts)")
     p.set_defaults(func=cmd_bench_highres)
     return p
@@ -729,6 +874,96 @@ def _add_bench_train_parser(bench) -> argparse.ArgumentParser:
     p.add_argument("--verbose", action="store_true", help="tracebacks instead of one-line errors")
     p.add_argument("--json", action="store_true", help="print the result as one JSON object (for scripts)")
     p.set_defaults(func=cmd_bench_train)
+    return p
+
+
+# ---------------------------------------------------------------------------- bench pipeline
+def _int_list(text: str, option: str) -> list[int]:
+    try:
+        values = [int(v) for v in str(text).split(",") if v.strip()]
+    except ValueError:
+        values = []
+    if not values or any(v < 1 for v in values):
+        raise ValueError(f"{option} expects positive whole numbers separated by commas, e.g. 1000,4000; got {text!r}")
+    return values
+
+
+def cmd_bench_pipeline(args) -> int:
+    from flows.runtime import prefect_api
+    from tasks import ingest as ing
+    from tasks.bench_pipeline import BENCH_CONFIG, format_summary
+
+    sizes, workers = _int_list(args.replicate, "--replicate"), _int_list(args.workers, "--workers")
+    config = build_config(args, BENCH_CONFIG)
+    ing.check_source(args.data, headers=False).raise_for(False)  # a bad source fails before anything starts
+    run = Path(args.run_dir).resolve()
+    out = (Path(args.out) if args.out else run / "pipeline.json").resolve()
+    from flows.bench_pipeline import bench_pipeline
+
+    with prefect_api() as ready:
+        ready()
+        res = bench_pipeline(str(args.data), str(run), sizes, workers, str(out), config, sample=args.sample,
+                             listing_k=args.listing_k, seed=args.seed, source_split=args.source_split,
+                             cases=args.cases)
+    if args.json:
+        print(json.dumps(res, default=str))
+        return 0
+    print()
+    print(format_summary(res))
+    print(out)
+    return 0
+
+
+def _add_bench_pipeline_parser(bench) -> argparse.ArgumentParser:
+    """Register ``wsseg bench pipeline`` (flow :func:`flows.bench_pipeline.bench_pipeline`)."""
+    p = bench.add_parser(
+        "pipeline", help="per-stage images/s and core-ms per image of a round at corpus sizes N and 4N, overhead, "
+                         "parallel efficiency, memory, trainer time, rerun cost, store listing",
+        description="Build a corpus of N distinct images from a dataset folder (each copy flipped or not, cropped, "
+                    "rescaled and colour-jittered, seeded; tags kept, masks transformed alike), ingest it and run "
+                    "one round with every CPU stage measured (images/s, worker core-ms per image), every "
+                    "corpus-wide trainer timed (small fixed budget) and the peak memory of the flow process and "
+                    "of each Dask worker recorded; run the round again on the same run directory (its share of "
+                    "the time, bit-identical pseudo-labels); time listing and opening the store. At the first "
+                    "size, on a sample of its images: the same stages with 1 worker and with the most workers "
+                    "(parallel efficiency), in a plain loop in one process (the share Prefect, Dask and the "
+                    "store add, and the time of each step) and CAM + dense CRF (the ratio ours / CRF). Writes "
+                    "--out (JSON) and prints a summary table.")
+    p.add_argument("--data", required=True, type=Path,
+                   help="dataset folder to replicate (the layout of `wsseg ingest`: images/, labels.csv, "
+                        "classes.txt, optional masks/)")
+    p.add_argument("--replicate", required=True, metavar="N[,M...]",
+                   help="corpus sizes to build and measure, comma-separated; the memory and trainer figures are "
+                        "compared across them, e.g. 1000,4000 for N and 4N (the stage figures and sample checks "
+                        "come from the first)")
+    p.add_argument("--workers", default="1,2", metavar="W[,W...]",
+                   help="Dask worker counts, comma-separated (default 1,2): each size runs on the largest, the "
+                        "sample runs on 1 and on the largest for the parallel efficiency")
+    p.add_argument("--out", type=Path, default=None, help="result JSON (default: RUN_DIR/pipeline.json)")
+    p.add_argument("--run-dir", default="runs/bench-pipeline",
+                   help="benchmark folder: RUN_DIR/n<N>/source (the replicated dataset), RUN_DIR/n<N>/run (its "
+                        "run directory), RUN_DIR/n<N>/sample-w<W> (the sample checks); running the command again "
+                        "on it reuses what is there (default: runs/bench-pipeline)")
+    p.add_argument("--sample", type=int, default=96,
+                   help="images of the first size used for the worker counts, the plain loop and CAM + CRF "
+                        "(default 96)")
+    p.add_argument("--listing-k", type=int, default=50,
+                   help="random images, feature-cache entries and pseudo-labels read to time opening the store "
+                        "(default 50)")
+    p.add_argument("--source-split", default=None,
+                   help="replicate only the images of this split of the dataset (default: every listed image); "
+                        "every copy goes into the config's split (train)")
+    p.add_argument("--seed", type=int, default=0, help="seed of the copies' changes (default 0)")
+    p.add_argument("--cases", nargs="+", choices=["full", "incremental"], default=None,
+                   help="cases to measure (default: both): full (the figures above; always needed for the "
+                        "summary) and incremental (at the first size, in RUN_DIR/n<N>/incremental: a run on N "
+                        "images, then N/10 new ones ingested and labelled by `wsseg refresh`; the refresh's "
+                        "core-ms per new image against the CPU stages', and an ingest again of the unchanged "
+                        "source: its time per image and the images it decoded)")
+    _config_args(p)
+    p.add_argument("--verbose", action="store_true", help="show Prefect's own log lines and tracebacks")
+    p.add_argument("--json", action="store_true", help="print the result as one JSON object (for scripts)")
+    p.set_defaults(func=cmd_bench_pipeline)
     return p
 
 

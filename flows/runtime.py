@@ -9,13 +9,16 @@ from __future__ import annotations
 
 import contextlib
 import os
+import sys
 import threading
 from pathlib import Path
 from typing import Callable, Iterator
 
 
 def prepare(run_dir: str | os.PathLike, *, verbose: bool = False) -> Path:
-    run = Path(run_dir).resolve()
+    from tasks.store.remote import state_dir_for
+
+    run = state_dir_for(run_dir)  # the run directory itself, or a URL's local state folder (tasks.store)
     run.mkdir(parents=True, exist_ok=True)
     env = {
         "PREFECT_HOME": str(run / ".prefect"),
@@ -101,23 +104,133 @@ def prefect_api() -> Iterator[Callable[[], str | None]]:
 
 @contextlib.contextmanager
 def dask_cluster(address: str | None, n_workers: int, run_dir: Path) -> Iterator[str]:
-    """The scheduler address to run shard tasks on: ``address`` if given, else a LocalCluster
+    """The scheduler address to run shard tasks on: ``address`` if given (an existing cluster,
+    checked first: :func:`check_cluster`), else a LocalCluster
     of one single-threaded worker process per core, closed on exit; both under one Prefect API
     (started while the cluster starts, ready when this yields)."""
+    if address:  # before the Prefect API starts: a wrong address is refused in seconds
+        check_cluster(address, run_dir)
     with prefect_api() as ready:
         if address:
-            ready()
-            yield address
+            with api_in_task_context(ready()):
+                yield address
             return
         import dask
         from distributed import LocalCluster
 
         with dask.config.set({"distributed.nanny.pre-spawn-environ": worker_environ()}), \
                 LocalCluster(n_workers=n_workers, threads_per_worker=1, processes=True,
-                             dashboard_address="127.0.0.1:0", local_directory=str(run_dir / "dask-scratch"),
+                             dashboard_address="127.0.0.1:0", local_directory=str(state_dir(run_dir) / "dask-scratch"),
                              silence_logs=40) as cluster:
             ready()
             yield cluster.scheduler_address
+
+
+@contextlib.contextmanager
+def api_in_task_context(url: str) -> Iterator[None]:
+    """Prefect's settings context with the API ``url``, for the workers of an existing cluster.
+
+    They do not inherit this process's environment: each runs a task in the settings context
+    that comes with it (prefect_dask), which was made when prefect was imported, before the URL
+    was known; without it every worker started a temporary Prefect server of its own (2 to 5
+    minutes each on 2 busy cores) and the task runs went there, not to the command's API. With
+    the URL set, this process's events go to that server too, so they are sent (drained) here,
+    while it still answers: left to the interpreter's exit they waited on it for minutes."""
+    from prefect.events.worker import EventsWorker
+    from prefect.logging.handlers import APILogWorker
+    from prefect.settings import PREFECT_API_URL, temporary_settings
+
+    try:
+        with temporary_settings(updates={PREFECT_API_URL: url}):
+            yield
+    finally:
+        for service in (APILogWorker, EventsWorker):
+            service.drain_all(timeout=60)
+
+
+def check_cluster(address: str, run_dir, timeout: float = 30.0) -> None:
+    """Refuse, with one line, an existing Dask cluster the shard tasks cannot run on: no scheduler
+    answering at ``address`` within ``timeout`` seconds, or a scheduler or worker without this
+    version of wsseg (both unpickle the tasks, which name its functions) or, for a local run
+    directory, without it at the same path. A cluster with no worker yet passes, with a line on
+    the terminal (an adaptive one starts them on demand)."""
+    from importlib.metadata import PackageNotFoundError, version
+
+    from distributed import Client
+
+    def probe(path: str | None) -> dict:  # runs on the scheduler and each worker: by value, stdlib only
+        import os as _os
+        from importlib.metadata import PackageNotFoundError as _Missing, version as _version
+
+        try:
+            v = _version("wsseg")
+        except _Missing:
+            v = None
+        return {"wsseg": v, "run_dir": path is None or _os.path.isdir(path)}
+
+    try:
+        mine = version("wsseg")
+    except PackageNotFoundError:
+        mine = None
+    # a run directory on object storage (a URL) is reached by its URL; a local one must be shared
+    path = None if ":/" in str(run_dir) else str(Path(run_dir).resolve())
+    hint = ("the scheduler and every worker need the same wsseg installed and the run directory at the same path "
+            "(README, Large corpora: Existing Dask cluster)")
+    try:
+        client = Client(address, timeout=timeout, set_as_default=False)
+    except (OSError, TimeoutError) as e:
+        raise ValueError(f"--dask-address {address}: no Dask scheduler answers there ({e})") from None
+    with client:
+        try:
+            found = {"the scheduler": client.run_on_scheduler(probe, path)}
+            found |= {f"worker {w}": info for w, info in client.run(probe, path).items()}
+        except Exception as e:  # e.g. a worker whose Python cannot unpickle the probe
+            raise ValueError(f"--dask-address {address}: could not run a check there ({type(e).__name__}: "
+                             f"{str(e)[:200]}); {hint}") from None
+        problems = [f"{who} has wsseg {info['wsseg'] or 'not installed'} (this command: {mine})"
+                    for who, info in found.items() if info["wsseg"] != mine]
+        problems += [f"{who} does not see {path}" for who, info in found.items()
+                     if not info["run_dir"] and who != "the scheduler"]
+        if problems:
+            raise ValueError(f"--dask-address {address}: {'; '.join(problems)}; {hint}")
+        if len(found) == 1:
+            print(f"the Dask scheduler at {address} has no worker yet: the shard tasks wait for one", file=sys.stderr,
+                  flush=True)
+        try:  # a failure here costs the dashboard's task runs, not the work: say so and go on
+            client.register_plugin(fresh_prefect_services(), name="wsseg-prefect-services")
+        except Exception as e:
+            print(f"--dask-address {address}: could not reset the workers' Prefect event senders ({type(e).__name__}: "
+                  f"{str(e)[:200]}); task runs may be missing from this command's Prefect API", file=sys.stderr,
+                  flush=True)
+
+
+def fresh_prefect_services():
+    """A Dask worker plugin: a worker's Prefect event and log senders start afresh for each command.
+
+    A long-lived worker keeps the senders it made for the first command it served, bound to that
+    command's Prefect API; when each command runs its own server the next command's task runs
+    would go to a server that is gone. Setting the plugin up (again, by name, at each command's
+    start) drains them, so the next ones are made in the settings context of the command's tasks.
+    (A class made here, pickled by value: importing distributed at this module's import would
+    read Dask's settings before :func:`prepare` sets them.)"""
+    from distributed.diagnostics.plugin import WorkerPlugin
+
+    class FreshPrefectServices(WorkerPlugin):
+        async def setup(self, worker) -> None:
+            from prefect.events.worker import EventsWorker
+            from prefect.logging.handlers import APILogWorker
+
+            for service in (APILogWorker, EventsWorker):
+                await service.drain_all(timeout=10)
+
+    return FreshPrefectServices()
+
+
+def state_dir(run_dir) -> Path:
+    """The local state folder of a run directory (itself when local; see tasks.store.remote)."""
+    from tasks.store.remote import state_dir_for
+
+    return state_dir_for(run_dir)
 
 
 def worker_environ() -> dict:

@@ -1,4 +1,5 @@
-"""Prefect flows of method A: ``ingest``, ``refresh_round``, ``train_wsss`` and ``evaluate``.
+"""Prefect flows of method A: ``ingest``, ``refresh_round``, ``train_wsss``, ``evaluate`` and
+``refresh`` (new images labelled with the last round's models, nothing trained).
 
 Wiring only. Shard tasks (a few dozen images each) run on Dask workers and loop a per-image
 function of :mod:`tasks.pipeline` over their images; the corpus-wide trainers
@@ -11,6 +12,7 @@ Import this module only after :func:`flows.runtime.prepare` has set the environm
 """
 from __future__ import annotations
 
+import datetime as dt
 import time
 from typing import Any
 
@@ -21,41 +23,51 @@ from prefect.futures import as_completed
 
 from flows.runtime import on_cluster
 from tasks import ingest as ing
-from tasks import mil, proposal_classifier
+from tasks import mil, proposal_classifier, resume, stopping
 from tasks import pipeline as pl
+from tasks import refresh as rf
 from tasks.classifier import train_image_classifier
-from tasks.config import WSSSConfig, config_difference
+from tasks.config import WSSSConfig, config_difference, shard_size_for
 from tasks.feature_cache import FEATURE_STAGE, feature_key
 from tasks.progress import Progress
 from tasks.report import overlay_grid, pick_overlay_records
-from tasks.segmenter import converged_at, final_model_config, train_segmenter
+from tasks.foreground import contrast_warnings
+from tasks.segmenter import final_model_config, train_segmenter
 from tasks.store import ImageRecord, Store
-from tasks.summary import label_shares, markdown_table, row, source_scores
+from tasks.summary import label_shares, markdown_table, reverted_of, row, source_scores, warnings_markdown
 from tasks.tracking import Tracker
 
 # Resumability comes from the store's shard markers and content-addressed caches, which survive
 # processes and Prefect databases; Prefect's own result cache would duplicate that, so it is off.
 SHARD_TASK = dict(cache_policy=NO_CACHE, retries=1, retry_delay_seconds=2)
+#: the bound on shard tasks per stage where no configuration gives one (WSSSConfig.max_shards)
+MAX_SHARDS = WSSSConfig.model_fields["max_shards"].default
 
 ingest_shard = task(name="ingest-shard", **SHARD_TASK)(pl.ingest_shard)
 features_shard = task(name="features-shard", **SHARD_TASK)(pl.features_shard)
 preliminary_shard = task(name="preliminary-shard", **SHARD_TASK)(pl.preliminary_shard)
 pseudo_shard = task(name="pseudo-label-shard", **SHARD_TASK)(pl.pseudo_shard)
 evaluate_shard = task(name="evaluate-shard", **SHARD_TASK)(pl.evaluate_shard)
+refresh_shard = task(name="refresh-shard", **SHARD_TASK)(rf.refresh_shard)
 
 
-def shards_of(records: list[ImageRecord], size: int) -> list[list[str]]:
+def shards_of(records: list[ImageRecord], size: int, max_shards: int = MAX_SHARDS) -> list[list[str]]:
+    """The ids of ``records`` in order, cut into shards of ``size`` images, or more when that
+    would make more than ``max_shards`` shard tasks (:func:`tasks.config.shard_size_for`)."""
     ids = [r.image_id for r in records]
+    size = shard_size_for(len(ids), size, max_shards)
     return [ids[i:i + size] for i in range(0, len(ids), size)]
 
 
-def run_shards(task_fn, shards: list[list[str]], stage: str, **kwargs) -> list[Any]:
+def run_shards(task_fn, shards: list[list[str]], stage: str, per_shard=None, **kwargs) -> list[Any]:
     """Submit one task per shard and collect results as they finish, with terminal progress
-    and a Prefect progress artifact."""
+    and a Prefect progress artifact. ``per_shard(ids)``: keywords of that shard's task alone
+    (what is per image goes only to its shard: every task's arguments are walked and pickled)."""
     total = sum(len(s) for s in shards)
     prog = Progress(stage, total)
     art = create_progress_artifact(0.0, description=f"{stage}: shards done")
-    futures = {task_fn.submit(ids=ids, **kwargs): len(ids) for ids in shards}
+    futures = {task_fn.submit(ids=ids, **kwargs, **(per_shard(ids) if per_shard else {})): len(ids)
+               for ids in shards}
     out = []
     for fut in as_completed(list(futures)):
         out.append(fut.result())
@@ -89,9 +101,10 @@ def ingest(source: str, run_dir: str, shard_size: int = 32, skip_invalid: bool =
     by_id = {it.image_id: dict(image_path=str(it.image_path), mask_path=str(it.mask_path) if it.mask_path else None,
                                tags=list(it.tags), split=it.split, line=it.line) for it in check.items}
     ids = list(by_id)
-    shards = [ids[i:i + shard_size] for i in range(0, len(ids), shard_size)]
-    results = run_shards(ingest_shard, shards, "ingest", run_dir=run_dir, items=by_id, n_classes=classes.n,
-                         alpha_background=alpha_background)
+    size = shard_size_for(len(ids), shard_size, MAX_SHARDS)
+    shards = [ids[i:i + size] for i in range(0, len(ids), size)]
+    results = run_shards(ingest_shard, shards, "ingest", per_shard=lambda s: {"items": {i: by_id[i] for i in s}},
+                         run_dir=run_dir, n_classes=classes.n, alpha_background=alpha_background)
     store = Store(run_dir)
     decoded = [r for res in results for r in res["rejected"]]
     if decoded and not skip_invalid:
@@ -106,7 +119,8 @@ def ingest(source: str, run_dir: str, shard_size: int = 32, skip_invalid: bool =
                     skip_invalid=skip_invalid)
     summary = ing.corpus_summary(store, results, ids, classes, skipped=len(rejected), listed=check.listed,
                                  rejected=rejected, settings=settings)
-    create_markdown_artifact(key="corpus", markdown=markdown_table([summary]), description="corpus summary")
+    create_markdown_artifact(key="corpus", markdown=markdown_table([{k: v for k, v in summary.items() if k != "warnings"}])
+                             + warnings_markdown(summary["warnings"]), description="corpus summary")
     return summary
 
 
@@ -118,7 +132,7 @@ def compute_all_features(run_dir: str, records: list[ImageRecord], config: WSSSC
     store = Store(run_dir)
     todo = [r for r in records if not store.has_cached(FEATURE_STAGE, key, r.sha256)]
     if todo:
-        run_shards(features_shard, shards_of(todo, config.shard_size), "features", run_dir=run_dir,
+        run_shards(features_shard, shards_of(todo, config.shard_size, config.max_shards), "features", run_dir=run_dir,
                    cfg=config.features, key=key)
     else:
         Progress("features", len(records)).message(f"all {len(records)} images cached ({key})")
@@ -154,7 +168,8 @@ def evaluate(run_dir: str, round_index: int | None = None, split: str = "train",
     rounds = store.finished_rounds()  # a round being written by a running `wsseg train` is not read
     if not rounds:
         raise ValueError(f"{run_dir}: no finished round yet; run `wsseg train` first")
-    r = rounds[-1] if round_index is None else round_index
+    final = (store.read_summary() or {}).get("final_round") if source == "pseudo" else None
+    r = (final if final in rounds else rounds[-1]) if round_index is None else round_index
     records = store.manifest(split)
     if source == "model":
         key = (store.read_round(r) or {}).get("feature_key")
@@ -169,7 +184,9 @@ def evaluate(run_dir: str, round_index: int | None = None, split: str = "train",
     if f"model_ungated:{split}" in res:  # the gate's effect, beside the gated figure
         value = {**value, "gated": True, "ungated_miou": res[f"model_ungated:{split}"]["miou"]}
     create_markdown_artifact(key="evaluation", markdown=markdown_table([{"round": r, "split": split, "source": source,
-                                                                         "miou": value["miou"]}]))
+                                                                         "miou": value["miou"],
+                                                                         "mean_class_accuracy":
+                                                                             value["mean_class_accuracy"]}]))
     return {"round": r, "split": split, "source": source, **value}
 
 
@@ -182,13 +199,14 @@ def refresh_round(run_dir: str, round_index: int, config: WSSSConfig, feature_ke
     ``train_model=False`` stops after the pseudo-labels (step 8 skipped): a label-only round."""
     store = Store(run_dir)
     r = round_index
+    records = store.manifest(config.split)
+    keep_round_inputs(store, r, resume.round_inputs(store.classes(), records, config))
     done = store.read_round(r)
     if done and (not train_model or store.usable_checkpoint("segmenter", r)):
         return done  # a label-only round resumed by a full run goes on to train its model
     t0 = time.perf_counter()
-    records = store.manifest(config.split)
-    shards = shards_of(records, config.shard_size)
-    tracker = Tracker(store.root)
+    shards = shards_of(records, config.shard_size, config.max_shards)
+    tracker = Tracker(store.state_dir)
     with tracker.run(f"round-{r}", nested=True, tags={"round": str(r)}) as run_id:
         tracker.log_params({"round": r, **config.model_dump()})
         # 1. preliminary result: round 0 from the image classifier's CAMs, later from model r-1
@@ -203,20 +221,44 @@ def refresh_round(run_dir: str, round_index: int, config: WSSSConfig, feature_ke
         results = run_shards(pseudo_shard, shards, f"r{r} pseudo-labels", run_dir=run_dir, round_index=r,
                              key=feature_key, cfg=config.proposals, seed=config.seed,
                              mil_weight=config.mil.prior_weight)
-        changed, ignored = label_shares([s for res in results for s in res["stats"]])
+        stats = [s for res in results for s in res["stats"]]
+        changed, ignored = label_shares(stats)
+        # 9. whether the rounds stop here and which round's labels are final (tasks.stopping, no mask)
+        decision = stopping.decide(config, r, changed, reverted_of(stats))
         # 8. correction: train the segmentation model on the pseudo-labels; the last round's
-        # model (the run's final one) with the whole budget from the start, see final_model_config
-        last = r == config.max_rounds - 1 or converged_at(config, r, changed)
+        # model (the run's final one) with the whole budget from the start, see final_model_config,
+        # on the final round's labels (the round before, when this one oscillates)
+        last = decision.stop
         seg_cfg, init = config, (r - 1 if r > 0 else None)
         if last and config.segmentation.final_model == "full_budget":
             seg_cfg, init = final_model_config(config, r + 1), None
-        result = train_segmenter(store, records, feature_key, seg_cfg, r=r, label_round=r, init_round=init,
-                                 log=tracker.log_metrics) if train_model else None
+        result = train_segmenter(store, records, feature_key, seg_cfg, r=r, label_round=decision.final_round,
+                                 init_round=init, log=tracker.log_metrics) if train_model else None
         # measurement and reporting, after the method's steps
         summary = report_round(store, r, records, config, tracker, run_id, feature_key, changed, ignored, result,
-                               time.perf_counter() - t0)
+                               time.perf_counter() - t0) | decision.record()
+        tracker.log_metrics({"reverted_fraction": decision.reverted}, step=r)
     store.write_round(r, summary)
     return summary
+
+
+def keep_round_inputs(store: Store, r: int, inputs: dict) -> None:
+    """Resume round ``r`` only from results computed from ``inputs`` (class list, corpus hash,
+    configuration): when the round recorded other ones, or none though finished (an older
+    wsseg's), it and every later round are removed and computed again, and the terminal says
+    what changed. An unfinished round without a record (one sharing another run's round-0
+    arrays, as the ablations do) is resumed. The inputs are then recorded."""
+    recorded = store.round_inputs(r)
+    if recorded is None and store.read_round(r) is None:
+        changed = []
+    else:
+        changed = resume.what_changed(recorded, inputs)
+    if changed:
+        gone = store.drop_rounds(r)
+        Progress(f"r{r}", 1).message(f"{'; '.join(changed)} changed since round {r} was computed: round(s) "
+                                     f"{', '.join(map(str, gone))} are computed again")
+    if recorded != inputs or changed:
+        store.write_round_inputs(r, inputs)
 
 
 def report_round(store: Store, r: int, records: list[ImageRecord], config: WSSSConfig, tracker: Tracker,
@@ -226,17 +268,20 @@ def report_round(store: Store, r: int, records: list[ImageRecord], config: WSSSC
     sources = [[r, "pseudo"]] + ([[0, "cam"]] if r == 0 else [])
     ev = evaluate_sources(str(store.root), records, sources, config.shard_size, stage=f"r{r} evaluate")
     summary = {"round": r, "pseudo_label_miou": ev.get(f"{r}:pseudo", {}).get("miou"),
+               "pseudo_label_class_accuracy": ev.get(f"{r}:pseudo", {}).get("mean_class_accuracy"),
                "changed_share": changed, "ignore_share": ignored,
                "wall_seconds": seconds, "mlflow_run_id": run_id,
                "feature_key": feature_key, "images": len(records),
                "per_class_iou": ev.get(f"{r}:pseudo", {}).get("per_class_iou"),
+               "per_class_accuracy": ev.get(f"{r}:pseudo", {}).get("per_class_accuracy"),
                "train_epochs": result.epochs_run if result else None,
                "train_stopped": result.stopped if result else None}
     if r == 0 and "0:cam" in ev:
         summary["cam_miou"] = ev["0:cam"]["miou"]
         summary["cam_per_class_iou"] = ev["0:cam"]["per_class_iou"]
-    tracker.log_metrics({k: summary[k] for k in ("pseudo_label_miou", "changed_share", "ignore_share",
-                                                 "wall_seconds")}, step=r)
+        summary["cam_class_accuracy"] = ev["0:cam"]["mean_class_accuracy"]
+    tracker.log_metrics({k: summary[k] for k in ("pseudo_label_miou", "pseudo_label_class_accuracy", "changed_share",
+                                                 "ignore_share", "wall_seconds")}, step=r)
     pic = store.round_dir(r) / "overlay.png"
     overlay_grid(store, pick_overlay_records(records, with_mask=False),
                  [("pseudo-label", r, "pseudo")] + ([("CAM", 0, "cam")] if r == 0 else []), pic)
@@ -253,7 +298,9 @@ def report_round(store: Store, r: int, records: list[ImageRecord], config: WSSSC
 @flow(name="train_wsss")
 def train_wsss(run_dir: str, config: WSSSConfig = WSSSConfig(), dask_address: str | None = None,
                final_model: bool = True, model_name: str | None = None) -> dict:
-    """Refresh rounds until the pseudo-labels stop changing (share < epsilon) or the budget ends.
+    """Refresh rounds until the pseudo-labels stop changing (share < epsilon), oscillate (see
+    :mod:`tasks.stopping`: then the round before is final) or the budget ends; the summary names
+    the final round and why, and warns when the tags carry no contrast (:mod:`tasks.foreground`).
 
     ``final_model=False``: the last round stops after its pseudo-labels (no segmentation model is
     trained on them), for label-only runs such as the bench's ablations. The final model is
@@ -265,7 +312,7 @@ def train_wsss(run_dir: str, config: WSSSConfig = WSSSConfig(), dask_address: st
     records = store.manifest(config.split)
     if not records:
         raise ValueError(f"{run_dir}: no images in split {config.split!r}")
-    tracker = Tracker(store.root)
+    tracker = Tracker(store.state_dir)  # MLflow's database: local, beside a remote run
     rows: list[dict] = []
     with tracker.run("train_wsss", tags={"flow": "train_wsss"}) as parent_id:
         tracker.log_params(config.model_dump())
@@ -273,20 +320,29 @@ def train_wsss(run_dir: str, config: WSSSConfig = WSSSConfig(), dask_address: st
         key = compute_all_features(run_dir, records, config)
         # 4. image classifier on the tags; its CAMs are round 0's preliminary result
         cls_seconds = train_image_classifier(store, records, config.classifier, seed=config.seed,
-                                             device=config.device, log=tracker.log_metrics)
-        converged = False
+                                             device=config.device, log=tracker.log_metrics,
+                                             inputs=resume.classifier_inputs(store.classes(), records, config))
+        foreground, tag_stats = pl.foreground_on(store, config)
+        warnings = contrast_warnings(tag_stats, where=f"split {config.split!r}", foreground=foreground)
+        for w in warnings:
+            Progress("tags", 1).message(f"warning: {w}")
+        converged, decision = False, None
         for r in range(config.max_rounds):
             s = on_cluster(refresh_round, dask_address)(run_dir, r, config, key,
                                                         final_model or r < config.max_rounds - 1)
             if r == 0:
-                rows.append({"round": "cam", "pseudo_label_miou": s.get("cam_miou"), "changed_share": None,
+                rows.append({"round": "cam", "pseudo_label_miou": s.get("cam_miou"),
+                             "pseudo_label_class_accuracy": s.get("cam_class_accuracy"), "changed_share": None,
                              "ignore_share": 0.0, "wall_seconds": cls_seconds})
             rows.append(row(s) | {"mlflow_run_id": s["mlflow_run_id"]})
-            # 9. convergence: share of pseudo-label pixels changed since the previous round
-            if converged_at(config, r, s["changed_share"]):
-                converged = True
+            # 9. stopping (tasks.stopping): converged, oscillating, or the round budget
+            decision = s if "stops_rounds" in s else stopping.decide(config, r, s["changed_share"], 0.0).record()
+            if decision["stops_rounds"]:
+                converged = bool(decision["converged"])
                 break
         last = int(rows[-1]["round"])
+        final_round = int(decision["final_round"]) if decision else last
+        final_row = next(x for x in rows if x["round"] == final_round)
         final = store.checkpoint_path("segmenter", last) if store.has_checkpoint("segmenter", last) else None
         logged = None
         if final is not None:
@@ -294,9 +350,17 @@ def train_wsss(run_dir: str, config: WSSSConfig = WSSSConfig(), dask_address: st
             net, spec = store.read_model("segmenter", last)
             logged = tracker.log_model(net, "model", in_channels=spec["in_channels"],
                                        num_classes=spec["num_classes"], register=model_name)
-        tracker.log_metrics({"final_pseudo_label_miou": rows[-1]["pseudo_label_miou"], "rounds": len(rows) - 1})
+        tracker.log_metrics({"final_pseudo_label_miou": final_row["pseudo_label_miou"],
+                             "final_pseudo_label_class_accuracy": final_row.get("pseudo_label_class_accuracy"),
+                             "final_round": final_round, "rounds": len(rows) - 1})
+        reason = decision["stop_reason"] if decision else None
+        tracker.set_tags({"stop_reason": reason, "final_round": final_round, "foreground": foreground})
         summary = {"run_dir": str(store.root), "rounds": rows, "converged": converged,
+                   "final_round": final_round, "stop_reason": reason,
+                   "final_pseudo_label_miou": final_row["pseudo_label_miou"],
+                   "final_pseudo_label_class_accuracy": final_row.get("pseudo_label_class_accuracy"),
                    "final_model": str(final) if final is not None else None,
+                   "foreground": foreground, "warnings": warnings,
                    "mlflow_parent_run_id": parent_id, "wall_seconds": time.perf_counter() - t0,
                    "feature_key": key, "images": len(records)}
         if logged is not None:
@@ -306,20 +370,67 @@ def train_wsss(run_dir: str, config: WSSSConfig = WSSSConfig(), dask_address: st
         registered = (f"\n\nRegistered model: `{model_name}` version {logged['registered_version']}"
                       if logged and logged.get("registered_version") is not None else "")
         create_markdown_artifact(key="train-wsss", markdown=markdown_table(rows) +
-                                 f"\n\nMLflow parent run: {link}" + registered, description="pseudo-label rounds")
+                                 f"\n\nFinal: round {final_round} ({reason})" +
+                                 f"\n\nMLflow parent run: {link}" + registered + warnings_markdown(warnings),
+                                 description="pseudo-label rounds")
     store.write_summary(summary)
     return summary
 
 
+# ============================================================================ incremental refresh
+@flow(name="refresh")
+def refresh(run_dir: str) -> dict:
+    """Label the images of the corpus that the last finished round has no pseudo-label of (new
+    since it was computed, or changed or retagged: the ingest dropped theirs) with that round's
+    models, trained on nothing (see :mod:`tasks.refresh`); ``wsseg train`` retrains.
+
+    Refused when the class list or the configuration changed since the round was computed. The
+    labels go into the round's arrays; ``refresh.json`` records what was done, with the
+    pseudo-label mIoU of the refreshed images that have masks."""
+    t0 = time.perf_counter()
+    store = Store(run_dir)
+    rounds = store.finished_rounds()
+    if not rounds:
+        raise ValueError(f"{run_dir}: no finished round to label new images with; run `wsseg train` first")
+    r = rounds[-1]
+    config = WSSSConfig.model_validate(store.read_config() or {})
+    problem = rf.refresh_problem(store, r, config)
+    if problem:
+        raise ValueError(f"{run_dir}: {problem}")
+    records = store.manifest(config.split)
+    todo = [rec for rec in records if not store.has_pseudo(r, rec.image_id)]
+    key = feature_key(config.features)
+    seconds, cpu = {"features": 0.0, "prelim": 0.0, "pseudo": 0.0}, 0.0
+    if todo:
+        for res in run_shards(refresh_shard, shards_of(todo, config.shard_size), f"refresh with r{r}",
+                              run_dir=run_dir, round_index=r, key=key, config=config):
+            seconds = {k: v + res["seconds"][k] for k, v in seconds.items()}
+            cpu += res["cpu_seconds"]
+    else:
+        Progress("refresh", len(records)).message(f"every image of split {config.split!r} has a round-{r} "
+                                                 "pseudo-label: nothing to do")
+    ev = evaluate_sources(run_dir, todo, [[r, "pseudo"]], config.shard_size, stage="refresh evaluate") if todo else {}
+    summary = {"round": r, "images": len(records), "labelled": len(todo), "stage_seconds": seconds,
+               "core_ms_per_image": 1000 * cpu / max(len(todo), 1),
+               "pseudo_label_miou": ev.get(f"{r}:pseudo", {}).get("miou"),
+               "wall_seconds": time.perf_counter() - t0,
+               "at": dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds")}
+    store.write_json("refresh", summary)
+    create_markdown_artifact(key="refresh", markdown=markdown_table([summary]), description="incremental refresh")
+    return summary
+
+
 def check_config(store: Store, config: WSSSConfig) -> None:
-    """A run directory belongs to one configuration: resuming with another would mix them
-    (the round budget and inference settings aside, which the store then records as last asked)."""
+    """Record ``config`` as the run directory's configuration. A run started with another one is
+    not mixed in: the terminal names the fields that differ, and every result computed with them
+    is computed again (the classifier and each round record what they were computed from; see
+    :mod:`tasks.resume`). The round budget and inference settings change no round."""
     previous = store.read_config()
     diff = config_difference(previous, config)
     if diff:
-        raise ValueError(f"{store.config_path}: this run directory was started with a different configuration "
-                         f"(differs in: {', '.join(diff)}); use a new --run-dir, or delete rounds/ and "
-                         f"{store.config_path.name} to start over")
+        Progress("config", 1).message(f"{store.config_path}: the configuration differs from the one this run "
+                                      f"directory was computed with (in: {', '.join(diff)}); the results that "
+                                      "depend on it are computed again")
     current = config.model_dump(mode="json")
     if previous != current:
         store.write_config(current)

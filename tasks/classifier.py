@@ -12,6 +12,7 @@ from models.small import image_classifier
 from tasks import training as tr
 from tasks.config import ClassifierConfig
 from tasks.progress import Progress
+from tasks.resume import what_changed
 from tasks.store import ClassSpec, ImageRecord, Store
 
 
@@ -20,32 +21,42 @@ def object_classes(classes: ClassSpec) -> list[int]:
     return [i for i in range(classes.n) if i != classes.background]
 
 
+def tag_target(record: ImageRecord, classes: ClassSpec) -> np.ndarray:
+    """(C,) float32 0/1 tags of one image over :func:`object_classes`."""
+    obj = object_classes(classes)
+    target = np.zeros(len(obj), np.float32)
+    for t in record.tags:
+        target[obj.index(classes.index(t))] = 1.0
+    return target
+
+
 def tag_targets(records: list[ImageRecord], classes: ClassSpec) -> np.ndarray:
     """(N, C) float32 0/1 tag matrix over :func:`object_classes`."""
-    obj = object_classes(classes)
-    targets = np.zeros((len(records), len(obj)), np.float32)
-    for i, r in enumerate(records):
-        for t in r.tags:
-            targets[i, obj.index(classes.index(t))] = 1.0
-    return targets
+    return np.stack([tag_target(r, classes) for r in records]) if records else \
+        np.zeros((0, len(object_classes(classes))), np.float32)
 
 
 class TagLoader:
-    """(image, None, tag vector) of corpus images; picklable for DataLoader workers."""
+    """(image, None, tag vector) of corpus images, read one at a time (nothing per image is held
+    but its record); picklable for DataLoader workers."""
 
-    def __init__(self, store: Store, ids: list[str], targets: np.ndarray):
-        self.root, self.ids, self.targets = str(store.root), ids, targets
+    def __init__(self, store: Store, records: list[ImageRecord], classes: ClassSpec):
+        self.root, self.records, self.classes = str(store.root), records, classes
 
     def __call__(self, i: int):
-        return Store(self.root).image(self.ids[i]), None, self.targets[i]
+        rec = self.records[i]
+        return Store(self.root).image(rec.image_id), None, tag_target(rec, self.classes)
 
 
 def train_image_classifier(store: Store, records: list[ImageRecord], cfg: ClassifierConfig, *, seed: int,
-                           device: str = "auto", log: Callable[[dict, int], None] | None = None) -> float:
+                           device: str = "auto", log: Callable[[dict, int], None] | None = None,
+                           inputs: dict | None = None) -> float:
     """Train the image classifier on the tags of ``records`` and save it as the run's
     ``classifier`` checkpoint; returns the seconds its training took (read back from the
     checkpoint when one trained with the same settings already exists; one trained with other
-    settings is trained again)."""
+    settings is trained again). ``inputs`` (:func:`tasks.resume.classifier_inputs`: class list,
+    corpus hash, seed) are recorded in the checkpoint; one trained from other inputs, or from
+    unrecorded ones, is trained again, and the terminal says what changed."""
     classes = store.classes()
     obj = object_classes(classes)
     wanted = cfg.model_dump(mode="json")
@@ -53,16 +64,17 @@ def train_image_classifier(store: Store, records: list[ImageRecord], cfg: Classi
     saved = store.usable_checkpoint("classifier")  # read once: its metadata says how it was trained
     if saved is not None:
         meta = saved.get("meta", {})
-        if meta.get("config", wanted) == wanted:
+        changed = ([] if meta.get("config", wanted) == wanted else ["its settings"]) + \
+            (what_changed(meta.get("inputs"), inputs) if inputs is not None else [])
+        if not changed:
             return meta.get("seconds", 0.0)
-        Progress("classifier", 1).message(f"{store.checkpoint_path('classifier')} was trained with other "
-                                          "settings: training again")
+        Progress("classifier", 1).message(f"{store.checkpoint_path('classifier')}: {'; '.join(changed)} "
+                                          "changed since it was trained: training again")
         state.clear()
     t0 = time.perf_counter()
-    targets = tag_targets(records, classes)
     tr.seed_everything(seed)  # the initial weights too: torch's own start-up seed differs per process
     model = image_classifier(len(obj), 3, width=cfg.width, stride=cfg.stride)
-    ds = tr.StoreDataset(len(records), TagLoader(store, [r.image_id for r in records], targets),
+    ds = tr.StoreDataset(len(records), TagLoader(store, records, classes),
                          tr.Augment(crop=cfg.size, scale=tuple(cfg.scale)), seed=seed, with_edge=False)
     tcfg = tr.TrainConfig(epochs=cfg.epochs, batch_size=cfg.batch_size, lr=cfg.lr, seed=seed, device=device,
                           max_seconds=cfg.max_seconds, patience=cfg.epochs, num_workers=1)
@@ -74,5 +86,5 @@ def train_image_classifier(store: Store, records: list[ImageRecord], cfg: Classi
     store.write_model("classifier", model, builder="image_classifier", num_classes=len(obj), in_channels=3,
                       options={"width": cfg.width, "stride": cfg.stride},
                       meta={"object_classes": obj, "epochs_run": result.epochs_run, "config": wanted,
-                            "seconds": seconds})
+                            "seconds": seconds, **({"inputs": inputs} if inputs is not None else {})})
     return seconds

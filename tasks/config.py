@@ -67,6 +67,10 @@ class ProposalConfig(BaseModel):
         "prelim", description="map used as the preliminary mask for IoU filtering: the preliminary result, or "
                                 "its geometric mixture with the proposal classifier's superpixel scores [ours]")
     evidence_weight: float = Field(0.5, ge=0, le=1, description="weight of the preliminary result in the mixture")
+    max_samples: int = Field(1_000_000, ge=1, description=(
+        "most proposals the classifier's training holds in memory at once (about 1 KB each): a corpus "
+        "with fewer trains in memory, a larger one streams its proposals from a temporary folder "
+        "(TMPDIR) each epoch, in chunks of at most this many (README, Large corpora: Memory)"))
     t1: float = Field(0.0, ge=0, le=1, description=(
         "IoU filtering (METHOD.md step 5): a positive proposal overlaps the preliminary mask by at least t1. "
         "0 with p1 0 = every proposal positive: measured on msrc21 train, 3 rounds, 0.591 with t1 0.3 / "
@@ -124,6 +128,10 @@ class MILConfig(BaseModel):
         "with negatives; from round 1's preliminary result 0.614 off, 0.602 with (aeroplane 0.51 -> 0.31)"))
     epochs: int = 10
     lr: float = 3e-3
+    max_samples: int = Field(1_000_000, ge=1, description=(
+        "most superpixels the MIL holds in memory at once (about 1 KB each): a corpus with fewer "
+        "trains in memory, a larger one streams its superpixels from a temporary folder (TMPDIR) each "
+        "epoch, in chunks of at most this many (README, Large corpora: Memory)"))
 
     def negatives_in(self, round_index: int) -> bool:
         """Whether round ``round_index``'s MIL trains with negatives (see ``negatives``)."""
@@ -186,6 +194,20 @@ class InferenceConfig(BaseModel):
         "ungated, 0.265 / 0.324 gated"))
 
 
+class ForegroundConfig(BaseModel):
+    """Class-agnostic foreground evidence for implicit-background corpora whose tags carry no
+    contrast (a class tagged on every image), where the image classifier has nothing to learn
+    (:mod:`tasks.foreground`)."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    mode: Literal["auto", "on", "off"] = Field("auto", description=(
+        "auto: on when the corpus has an implicit background class and some object class is tagged on every "
+        "training image; on / off: always / never. When on, round 0's preliminary result of the object "
+        "classes is the image's boundary-connectivity saliency (the border is mostly background) instead of "
+        "the CAMs' constant-threshold background, shared among the image's object tags by their CAMs"))
+
+
 class WSSSConfig(BaseModel):
     """Everything a refresh run depends on."""
 
@@ -197,6 +219,7 @@ class WSSSConfig(BaseModel):
     proposals: ProposalConfig = ProposalConfig()
     segmentation: SegmentationConfig = SegmentationConfig()
     inference: InferenceConfig = InferenceConfig()
+    foreground: ForegroundConfig = ForegroundConfig()
     prelim_normalize: bool = Field(True, description=(
         "rounds >= 1: divide each tagged class's probability by its maximum over the image before "
         "the preliminary result is used [ours] (a tag says the class is there)"))
@@ -207,10 +230,33 @@ class WSSSConfig(BaseModel):
         "with class_balance 0.5 and prelim_normalize, model 0.496, mixture 0.5 0.432"))
     max_rounds: int = Field(3, ge=1)
     epsilon: float = Field(0.02, description="converged when the changed-pixel share falls below this")
+    stopping: Literal["oscillation", "budget"] = Field("oscillation", description=(
+        "oscillation: a round (from round 1) whose pseudo-labels mostly undo the round before (at least half of "
+        "the pixels it changed go back to their label of two rounds before, the CAM labels for round 1) ends the "
+        "rounds, and the round before is final: its labels, and the final model trained on them. Needs no mask. "
+        "On the bundled demo round 2 sends 0.55 of its changes back (0.557 -> 0.532 mIoU), on msrc21 train "
+        "0.39 (0.665 -> 0.676). budget: the last round run is final"))
     split: str = "train"
-    shard_size: int = Field(16, ge=1)
+    shard_size: int = Field(16, ge=1, description=(
+        "images per shard task (the unit of work on a Dask worker); grown for a large corpus so that a "
+        "stage has at most max_shards tasks (shard_size_for)"))
+    max_shards: int = Field(2000, ge=1, description=(
+        "most shard tasks (Prefect task runs) per stage: a corpus above shard_size * max_shards images "
+        "(32,000 by default) gets shards of ceil(images / max_shards), 500 images each at 10^6. A task's "
+        "overhead, measured under load, is at most about 0.5 core-s (README, Large corpora: Existing Dask "
+        "cluster), so 2000 of them add minutes to a stage of hours; results do not depend on the shards"))
     seed: int = 0
     device: str = "auto"
+
+
+def shard_size_for(n_images: int, shard_size: int, max_shards: int = 2000) -> int:
+    """Images per shard of a stage over ``n_images``: ``shard_size``, grown to
+    ``ceil(n_images / max_shards)`` so that the stage has at most ``max_shards`` shard tasks.
+
+    >>> shard_size_for(1000, 16), shard_size_for(1_000_000, 16), shard_size_for(1_000_001, 16)
+    (16, 500, 501)
+    """
+    return max(shard_size, -(-n_images // max_shards))
 
 
 # How many rounds to run, and how the trained model labels untagged images, change no round's

@@ -546,12 +546,45 @@ def load_mask(path: Path, shape: tuple[int, int], n_classes: int | None = None) 
 
 
 # ---------------------------------------------------------------------------- corpus
+def corpus_changes(previous: Sequence[ImageRecord], current: Sequence[ImageRecord]) -> dict[str, list[str]]:
+    """How ``current`` (the manifest an ingest is about to write) differs from ``previous`` (the
+    run directory's manifest before it; empty on a first ingest), as lists of image ids:
+    ``added`` (new ids), ``removed`` (ids no longer listed or now rejected), ``changed`` (other
+    file content: sha256), ``retagged`` (same content, other tags or split) and ``unchanged``.
+
+    >>> a = ImageRecord("a", 1, 1, ("x",), "1" * 64, "train", "a.jpg", False)
+    >>> b = ImageRecord("b", 1, 1, ("x",), "2" * 64, "train", "b.jpg", False)
+    >>> c = ImageRecord("c", 1, 1, ("x",), "3" * 64, "train", "c.jpg", False)
+    >>> ch = corpus_changes([a, b], [a, c])
+    >>> ch["added"], ch["removed"], ch["unchanged"]
+    (['c'], ['b'], ['a'])
+    """
+    before = {r.image_id: r for r in previous}
+    now = {r.image_id for r in current}
+    out: dict[str, list[str]] = {k: [] for k in ("added", "removed", "changed", "retagged", "unchanged")}
+    for r in current:
+        old = before.get(r.image_id)
+        kind = ("added" if old is None else "changed" if old.sha256 != r.sha256 else
+                "retagged" if (old.tags, old.split) != (r.tags, r.split) else "unchanged")
+        out[kind].append(r.image_id)
+    out["removed"] = [i for i in before if i not in now]
+    return out
+
+
 def corpus_summary(store: Store, results: list[dict], ids: list[str], classes: ClassSpec, *, skipped: int,
                    listed: int | None = None, rejected: Sequence[dict] = (), settings: dict | None = None) -> dict:
     """Write the corpus manifest from the ingest shards' ``results`` (records in the source's
     order ``ids``) and the ingest report, and return the summary: images, skipped, listed,
-    problems, classes, implicit background, splits, composited (images with transparency) and
-    the report's path. ``images + skipped == listed``, or RuntimeError."""
+    problems, classes, implicit background, splits, composited (images with transparency),
+    ``changes`` against the run directory's corpus before (counts of :func:`corpus_changes`,
+    ``decoded``: images whose pixels were read, the others kept their stored arrays; ``classes``
+    when the class list changed) and the report's path. ``images + skipped == listed``, or
+    RuntimeError.
+
+    Again on a run directory that holds a corpus, only new and changed images were decoded and
+    written by the shards; here the removed images leave the corpus, and the round arrays
+    (preliminary results, pseudo-labels) of removed, changed and retagged images are dropped,
+    so that ``wsseg refresh`` labels them again and nothing stale is evaluated."""
     order = {iid: i for i, iid in enumerate(ids)}
     recs = sorted((ImageRecord(**(r | {"tags": tuple(r["tags"])})) for res in results for r in res["records"]),
                   key=lambda r: order[r.image_id])
@@ -560,15 +593,29 @@ def corpus_summary(store: Store, results: list[dict], ids: list[str], classes: C
         raise RuntimeError(f"ingest counts do not reconcile: {len(recs)} ingested + {skipped} rejected "
                            f"!= {listed} listed")
     notes = [n for res in results for n in res.get("notes", [])]
+    previous = store.manifest() if store.has_corpus() else []
+    before_classes = store.classes() if store.has_corpus() else None
+    changes = corpus_changes(previous, recs)
+    store.drop_labels(changes["removed"] + changes["changed"] + changes["retagged"])
+    store.drop_images(changes["removed"])
     store.write_corpus(recs, classes)
     splits: dict[str, int] = {}
     for r in recs:
         splits[r.split] = splits.get(r.split, 0) + 1
     problems = sum(len(r["problems"]) for r in rejected)
+    counts = {k: len(v) for k, v in changes.items()}
+    counts["decoded"] = sum(res.get("decoded", 0) for res in results)
+    if before_classes is not None and before_classes != classes:
+        counts["classes"] = {"before": list(before_classes.names), "now": list(classes.names)}
     report = store.write_ingest_report({
         "listed": listed, "ingested": len(recs), "rejected": skipped, "problems": problems,
-        "settings": settings or {}, "rejected_images": list(rejected), "notes": notes})
+        "settings": settings or {}, "changes": counts,
+        "changed_images": {k: v for k, v in changes.items() if k != "unchanged"},
+        "rejected_images": list(rejected), "notes": notes})
+    from tasks.foreground import contrast_warnings, tag_statistics
+
+    warnings = contrast_warnings(tag_statistics([r.tags for r in recs], classes.names, classes.background))
     return {"images": len(recs), "skipped": skipped, "classes": len(classes.names),
             "implicit_background": classes.names[classes.background] if classes.background is not None else None,
             "splits": splits, "listed": listed, "problems": problems, "composited": len(notes),
-            "report": str(report)}
+            "changes": counts, "warnings": warnings, "report": str(report)}

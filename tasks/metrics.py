@@ -11,7 +11,9 @@ import numpy as np
 __all__ = [
     "confusion_matrix",
     "iou_from_confusion",
+    "class_accuracy_from_confusion",
     "changed_share",
+    "reverted_share",
     "ignore_share",
     "ConfusionAccumulator",
 ]
@@ -119,6 +121,43 @@ def iou_from_confusion(conf):
     return per_class, miou
 
 
+def class_accuracy_from_confusion(conf):
+    """Per-class pixel accuracy (recall) and its mean, the figure of the older MSRC-21 papers.
+
+    Parameters
+    ----------
+    conf : (K, K + 1) or (K, K) integer array
+        As returned by :func:`confusion_matrix` (rows = truth).
+
+    Returns
+    -------
+    per_class : (K,) float64
+        ``acc_c = TP_c / GT_c``: the share of class c's true pixels predicted as c (undecided
+        predictions count as wrong). NaN for classes absent from the truth.
+    mean : float
+        Mean over the classes present in the truth (NaN if none is).
+
+    Examples
+    --------
+    >>> per_class, mean = class_accuracy_from_confusion(np.array([[3, 1], [0, 2]]))
+    >>> per_class.tolist(), mean
+    ([0.75, 1.0], 0.875)
+    """
+    conf = np.asarray(conf, dtype=np.float64)
+    if conf.ndim != 2 or conf.shape[1] not in (conf.shape[0], conf.shape[0] + 1):
+        raise ValueError(
+            f"conf must have shape (K, K) or (K, K + 1), got {conf.shape}; "
+            f"pass the output of confusion_matrix."
+        )
+    k = conf.shape[0]
+    tp = np.diag(conf[:, :k])
+    gt_total = conf.sum(axis=1)
+    with np.errstate(invalid="ignore", divide="ignore"):
+        per_class = np.where(gt_total > 0, tp / np.where(gt_total > 0, gt_total, 1), np.nan)
+    mean = float(np.nanmean(per_class)) if np.any(~np.isnan(per_class)) else float("nan")
+    return per_class, mean
+
+
 def changed_share(a, b):
     """Share of pixels whose label differs between two label maps.
 
@@ -135,6 +174,35 @@ def changed_share(a, b):
     if a.size == 0:
         return 0.0
     return float(np.count_nonzero(a != b) / a.size)
+
+
+def reverted_share(label, previous, before):
+    """Share of the pixels that changed from `previous` to `label` and went back to their label
+    in `before` (the map one step further back): how much of a round's change undoes the round
+    before it.
+
+    Parameters
+    ----------
+    label, previous, before : (...) arrays of the same shape, or None
+        Label maps of rounds r, r-1 and r-2 (ignore values compared like any other label).
+
+    Returns
+    -------
+    share : float in [0, 1]: the reverted pixels over all pixels (0.0 when `previous` or
+        `before` is None, or for empty maps).
+
+    Examples
+    --------
+    >>> reverted_share(np.array([0, 1, 2, 0]), np.array([1, 1, 1, 0]), np.array([0, 0, 1, 0]))
+    0.25
+    """
+    if previous is None or before is None:
+        return 0.0
+    label, previous = _check_same_shape(label, previous, "label", "previous")
+    label, before = _check_same_shape(label, before, "label", "before")
+    if label.size == 0:
+        return 0.0
+    return float(np.count_nonzero((label != previous) & (label == before)) / label.size)
 
 
 def ignore_share(label, *, ignore_index=255):
@@ -181,6 +249,11 @@ class ConfusionAccumulator:
     def miou(self):
         """Mean IoU over classes seen in truth or prediction."""
         return iou_from_confusion(self.conf)[1]
+
+    @property
+    def mean_class_accuracy(self):
+        """Mean over the classes present in the truth of their pixel accuracy (recall)."""
+        return class_accuracy_from_confusion(self.conf)[1]
 
     @property
     def pixel_accuracy(self):

@@ -12,22 +12,31 @@ from typing import Sequence
 import numpy as np
 import torch
 
+from tasks import foreground as fg
 from tasks import superpixels as spx
 from tasks import training as tr
 from tasks.config import ClassifierConfig, FeatureConfig, ProposalConfig, WSSSConfig
 from tasks.feature_cache import ImageFeatures, compute_features, load_edges, load_features, proposal_inputs
 from tasks.fusion import pseudo_label
 from tasks.ingest import ALPHA_BACKGROUND, decode_image, load_mask
-from tasks.metrics import ConfusionAccumulator, changed_share, ignore_share
+from tasks.metrics import ConfusionAccumulator, changed_share, ignore_share, reverted_share
 from tasks.progress import run_log
 from tasks.proposal_classifier import (combine_evidence, predict_proposals, round_mil_model, sp_evidence,
                                        superpixel_scores)
-from tasks.store import ClassSpec, Store, records_by_id, sha256_file
+from tasks.store import ClassSpec, ImageRecord, Store, records_by_id, sha256_file
 
 def restrict(prob: np.ndarray, allowed: np.ndarray, eps: float = 1e-6) -> np.ndarray:
-    """(K, H, W) probabilities renormalised over the ``allowed`` classes (zero elsewhere)."""
-    p = np.where(allowed[:, None, None], np.maximum(prob, 0) + eps, 0.0).astype(np.float32)
-    return p / p.sum(0, keepdims=True)
+    """(K, H, W) probabilities renormalised over the ``allowed`` classes (zero elsewhere).
+
+    Computed on the allowed channels only (the others add exact zeros to the sum); the others
+    are ``0 / total``, so the result is bit for bit that of the whole stack."""
+    idx = np.flatnonzero(allowed)
+    sub = (np.maximum(prob[idx], 0) + eps).astype(np.float32)
+    total = sub.sum(0, keepdims=True)
+    out = np.empty(np.shape(prob), np.float32)
+    out[:] = np.float32(0.0) / total
+    out[idx] = sub / total
+    return out
 
 
 def gate_probs(prob: np.ndarray, class_probs: np.ndarray, object_classes: Sequence[int]) -> np.ndarray:
@@ -164,6 +173,70 @@ def model_prelim_probs(model: torch.nn.Module, image: np.ndarray, edges: np.ndar
     return prob
 
 
+# ---------------------------------------------------------------------------- one image of a round
+def prelim_model(store: Store, r: int) -> tuple[torch.nn.Module, dict]:
+    """The network of round ``r``'s preliminary result: the image classifier (round 0) or round
+    r-1's segmenter, as :func:`tasks.store.load_model` returns it."""
+    return store.read_model("classifier") if r == 0 else store.read_model("segmenter", r - 1)
+
+
+def foreground_on(store: Store, config: WSSSConfig) -> tuple[bool, dict]:
+    """Whether the run's class-agnostic foreground path is on (``config.foreground.mode``, from
+    the tag statistics of the training split: :func:`tasks.foreground.foreground_active`), and
+    those statistics."""
+    classes = store.classes()
+    stats = fg.tag_statistics([r.tags for r in store.manifest(config.split)], classes.names, classes.background)
+    return fg.foreground_active(stats, config.foreground.mode), stats
+
+
+def preliminary_image(store: Store, rec: ImageRecord, r: int, model: torch.nn.Module, state: dict, classes: ClassSpec,
+                      key: str, config: WSSSConfig, foreground: bool = False) -> None:
+    """Step 1 for one image: its preliminary result of round ``r`` (``model``, ``state``: those
+    of :func:`prelim_model`), written to the store; round 0 also writes the CAM labels. With
+    ``foreground`` (:func:`foreground_on`), round 0's result is the class-agnostic foreground
+    evidence (:func:`tasks.foreground.foreground_probs`) instead of the CAMs'."""
+    image = store.image(rec.image_id)
+    allowed = classes.tag_vector(rec.tags)
+    if r == 0:
+        prob = cam_probs(model, state, image, allowed, classes, config.classifier)
+        store.write_pseudo(r, rec.image_id, labels_from_prob(prob), name="cam")
+        if foreground and classes.background is not None:
+            sp_labels = load_features(store, rec, key).superpixels
+            saliency = fg.boundary_saliency(image, sp_labels)[sp_labels]
+            prob = fg.foreground_probs(saliency, prob, allowed, classes.background)
+    else:
+        edges = load_edges(store, rec, key) if state["in_channels"] == 4 else None
+        prior = store.prelim(0, rec.image_id, classes.n) if config.prior_weight > 0 else None
+        prob = model_prelim_probs(model, image, edges, allowed, config, prior)
+    idx = np.flatnonzero(allowed)
+    store.write_prelim(r, rec.image_id, prob[idx], idx)
+
+
+def pseudo_image(store: Store, rec: ImageRecord, r: int, clf, mil_model, classes: ClassSpec, key: str, cfg: ProposalConfig,
+                 seed: int, mil_weight: float = 0.0) -> np.ndarray:
+    """Steps 5-7 for one image with round ``r``'s proposal classifier ``clf`` and MIL classifier
+    (``mil_model``, None when the round has none): its (H, W) uint8 pseudo-label, also written to
+    the store."""
+    image = store.image(rec.image_id)
+    f = load_features(store, rec, key)
+    prelim = store.prelim(r, rec.image_id, classes.n)
+    allowed = classes.tag_vector(rec.tags)
+    prob = predict_proposals(clf, proposal_inputs(f), allowed)
+    sp_prelim = None
+    if mil_model is not None:
+        sp_prelim = sp_evidence(f, prelim, allowed, mil_model, mil_weight)
+        prelim = spx.paint(sp_prelim, f.superpixels)
+    if cfg.evidence == "combined":
+        if sp_prelim is None:
+            sp_prelim = spx.pool(prelim, f.superpixels, n=len(f.sp_areas), channel_axis=0)
+        mixed = combine_evidence(sp_prelim, superpixel_scores(prob, f.membership), allowed,
+                                 weight=cfg.evidence_weight)
+        prelim = spx.paint(mixed, f.superpixels)
+    label, _ = make_pseudo_label(image, f, prob, prelim, classes, rec.tags, cfg, seed)
+    store.write_pseudo(r, rec.image_id, label)
+    return label
+
+
 # ---------------------------------------------------------------------------- shard loops
 # The flows wrap each of these in a Prefect task that runs on a Dask worker; they live here,
 # importable by name, so that workers unpickle them by reference. They take handles (a run
@@ -182,13 +255,17 @@ def ingest_shard(run_dir: str, ids: list[str], items: dict[str, dict], n_classes
     values: class indices below ``n_classes`` or 255 = void), so nothing is written for a
     rejected one. Returns ``records``, ``problems`` (one line each), ``rejected`` (one entry
     per image: image_id, file, line, problems), ``notes`` (images composited on
-    ``alpha_background``) and ``written`` (ids whose image array this call wrote)."""
+    ``alpha_background``), ``written`` (ids whose image array this call wrote) and ``decoded``
+    (how many images it decoded).
+
+    An image (or mask) whose file has the sha256 of the stored array is not decoded again: an
+    ingest again of a grown source reads and hashes the unchanged files' bytes, nothing more."""
     store = Store(run_dir)
     records, problems, rejected, notes, written = [], [], [], [], []
     for iid in ids:
         it = items[iid]
         path = Path(it["image_path"])
-        image = note = mask = None
+        image = note = mask = mask_sha = None
         try:
             sha = sha256_file(path)
             if store.has_image(iid, sha):
@@ -197,7 +274,9 @@ def ingest_shard(run_dir: str, ids: list[str], items: dict[str, dict], n_classes
                 image, note = decode_image(path, alpha_background)
                 shape = image.shape
             if it["mask_path"]:
-                mask = load_mask(Path(it["mask_path"]), tuple(shape[:2]), n_classes)
+                mask_sha = sha256_file(it["mask_path"])
+                if image is not None or not store.has_stored_mask(iid, mask_sha):
+                    mask = load_mask(Path(it["mask_path"]), tuple(shape[:2]), n_classes)
         except (ValueError, OSError) as e:
             problems.append(str(e))
             rejected.append(dict(image_id=iid, file=str(path), line=it.get("line"), problems=[str(e)]))
@@ -206,12 +285,13 @@ def ingest_shard(run_dir: str, ids: list[str], items: dict[str, dict], n_classes
             store.put_image(iid, image, sha)
             written.append(iid)
         if mask is not None:
-            store.put_mask(iid, mask)
+            store.put_mask(iid, mask, mask_sha)
         if note:
             notes.append(note)
         records.append(dict(image_id=iid, height=int(shape[0]), width=int(shape[1]), tags=list(it["tags"]),
-                            sha256=sha, split=it["split"], source=str(path), has_mask=mask is not None))
-    return {"records": records, "problems": problems, "rejected": rejected, "notes": notes, "written": written}
+                            sha256=sha, split=it["split"], source=str(path), has_mask=mask_sha is not None))
+    return {"records": records, "problems": problems, "rejected": rejected, "notes": notes, "written": written,
+            "decoded": len(written)}
 
 
 def features_shard(run_dir: str, ids: list[str], cfg: FeatureConfig, key: str) -> dict:
@@ -235,19 +315,10 @@ def preliminary_shard(run_dir: str, ids: list[str], round_index: int, key: str, 
     if store.shard_done(r, "prelim", ids[0]):
         return {"images": len(ids), "skipped": True}
     classes = store.classes()
-    model, state = store.read_model("classifier") if r == 0 else store.read_model("segmenter", r - 1)
+    model, state = prelim_model(store, r)
+    foreground = r == 0 and foreground_on(store, config)[0]
     for rec in records_by_id(store.manifest(), ids):
-        image = store.image(rec.image_id)
-        allowed = classes.tag_vector(rec.tags)
-        if r == 0:
-            prob = cam_probs(model, state, image, allowed, classes, config.classifier)
-            store.write_pseudo(r, rec.image_id, labels_from_prob(prob), name="cam")
-        else:
-            edges = load_edges(store, rec, key) if state["in_channels"] == 4 else None
-            prior = store.prelim(0, rec.image_id, classes.n) if config.prior_weight > 0 else None
-            prob = model_prelim_probs(model, image, edges, allowed, config, prior)
-        idx = np.flatnonzero(allowed)
-        store.write_prelim(r, rec.image_id, prob[idx], idx)
+        preliminary_image(store, rec, r, model, state, classes, key, config, foreground)
     store.mark_shard_done(r, "prelim", ids[0], {"images": len(ids)})
     run_log(f"round {r} preliminary result: {len(ids)} images from {ids[0]}")
     return {"images": len(ids), "skipped": False}
@@ -267,27 +338,14 @@ def pseudo_shard(run_dir: str, ids: list[str], round_index: int, key: str, cfg: 
     mil_model = round_mil_model(store, round_index)
     stats = []
     for rec in records_by_id(store.manifest(), ids):
-        image = store.image(rec.image_id)
-        f = load_features(store, rec, key)
-        prelim = store.prelim(round_index, rec.image_id, classes.n)
-        allowed = classes.tag_vector(rec.tags)
-        prob = predict_proposals(clf, proposal_inputs(f), allowed)
-        sp_prelim = None
-        if mil_model is not None:
-            sp_prelim = sp_evidence(f, prelim, allowed, mil_model, mil_weight)
-            prelim = spx.paint(sp_prelim, f.superpixels)
-        if cfg.evidence == "combined":
-            if sp_prelim is None:
-                sp_prelim = spx.pool(prelim, f.superpixels, n=len(f.sp_areas), channel_axis=0)
-            mixed = combine_evidence(sp_prelim, superpixel_scores(prob, f.membership), allowed,
-                                     weight=cfg.evidence_weight)
-            prelim = spx.paint(mixed, f.superpixels)
-        label, info = make_pseudo_label(image, f, prob, prelim, classes, rec.tags, cfg, seed)
-        store.write_pseudo(round_index, rec.image_id, label)
+        label = pseudo_image(store, rec, round_index, clf, mil_model, classes, key, cfg, seed, mil_weight)
         previous = store.pseudo(round_index - 1, rec.image_id) if round_index > 0 else \
             store.pseudo(0, rec.image_id, name="cam")
+        before = (store.pseudo(round_index - 2, rec.image_id) if round_index > 1 else
+                  store.pseudo(0, rec.image_id, name="cam") if round_index == 1 else None)
         stats.append({"image_id": rec.image_id, "pixels": int(label.size),
                       "changed": float(changed_share(label, previous)) if previous is not None else 1.0,
+                      "reverted": reverted_share(label, previous, before),
                       "ignore": float(ignore_share(label))})
     result = {"images": len(ids), "stats": stats}
     store.mark_shard_done(round_index, "pseudo", ids[0], result)
@@ -335,3 +393,32 @@ def evaluate_shard(run_dir: str, ids: list[str], sources: list[list], model: dic
                     continue
             accs[f"{a}:{b}"].update(pred, gt)
     return {k: acc.conf.tolist() for k, acc in accs.items()}
+
+
+def box_grabcut_shard(run_dir: str, ids: list[str], inset: float = 0.1, iterations: int = 3) -> dict:
+    """``bench quality``'s per-image baseline on an implicit-background corpus, stored as round 0's
+    ``box_grabcut`` labels: GrabCut from a box inset ``inset`` from the border
+    (:func:`tasks.foreground.box_grabcut`), nothing learnt. Its foreground goes to the image's
+    object tag; with several, each pixel to the round-0 CAM label's object class there, or else
+    the object tag the CAM gives most pixels. Untagged images are all background."""
+    _worker_setup()
+    store = Store(run_dir)
+    classes = store.classes()
+    bg = classes.background
+    if bg is None:
+        raise ValueError(f"{run_dir}: box GrabCut needs an implicit background class; this corpus has none")
+    for rec in records_by_id(store.manifest(), ids):
+        image = store.image(rec.image_id)
+        obj = [classes.index(t) for t in rec.tags if classes.index(t) != bg]
+        label = np.full(image.shape[:2], bg, np.uint8)
+        if obj:
+            fgm = fg.box_grabcut(image, inset, iterations)
+            cam = store.pseudo(0, rec.image_id, name="cam")
+            if len(obj) == 1 or cam is None:
+                label[fgm] = obj[0]
+            else:
+                counts = [int(np.count_nonzero(cam == c)) for c in obj]
+                fill = np.where(np.isin(cam, obj), cam, obj[int(np.argmax(counts))])
+                label[fgm] = fill[fgm]
+        store.write_pseudo(0, rec.image_id, label, name="box_grabcut")
+    return {"images": len(ids)}

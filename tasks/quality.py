@@ -74,6 +74,18 @@ def method_rounds(summary: dict) -> list[dict]:
     return [r for r in summary["rounds"] if r["round"] != "cam"]
 
 
+#: label sources of round 0 measured beside ours: the CAMs, CAM + dense CRF, and (implicit-background
+#: corpora only) GrabCut from a box inset 10% from the border, per image
+BASELINES = ("cam", "cam_crf", "box_grabcut")
+
+
+def final_round(summary: dict) -> int:
+    """The round whose labels are final in a ``train_wsss`` summary (``final_round``: see
+    :mod:`tasks.stopping`; the last round run for older summaries)."""
+    fr = summary.get("final_round")
+    return int(method_rounds(summary)[-1]["round"]) if fr is None else int(fr)
+
+
 def ratio(wsss: float | None, supervised: float | None) -> float | None:
     """WSSS over supervised mIoU; None where either is missing or the reference scored 0."""
     return wsss / supervised if wsss is not None and supervised else None
@@ -84,35 +96,45 @@ def quality_result(*, data: str, store: Store, config: WSSSConfig, records: list
                    supervised: tuple[dict, dict], gated: bool, supervised_epochs: int, crf: dict,
                    final_model: str, supervised_model: str, warnings: list[str]) -> dict[str, Any]:
     """The bench's result dict (``FILE.json``) from its measurements: ``labels``, the
-    ``evaluate_sources`` entries of round 0's ``cam`` and ``cam_crf`` and the final round's
-    ``pseudo``; ``wsss`` and ``supervised``, the (gated, ungated) evaluations of both models."""
+    ``evaluate_sources`` entries of round 0's ``cam``, ``cam_crf`` (and ``box_grabcut`` on an
+    implicit-background corpus) and the final round's ``pseudo`` (the summary's ``final_round``);
+    ``wsss`` and ``supervised``, the (gated, ungated) evaluations of both models. The warnings
+    are the run's (tag contrast) and ``warnings``."""
     rounds = method_rounds(summary)
-    final_r = int(rounds[-1]["round"])
+    final_r = final_round(summary)
     (wsss_ev, wsss_ev_u), (sup_ev, sup_ev_u) = wsss, supervised
     wsss_m, sup_m = wsss_ev.get("miou"), sup_ev.get("miou")
     wsss_u, sup_u = wsss_ev_u.get("miou"), sup_ev_u.get("miou")
     ours = labels[f"{final_r}:pseudo"]
+    base_names = [n for n in BASELINES if f"0:{n}" in labels]
     return {
         "dataset": Path(data).name, "data_dir": str(Path(data).resolve()), "run_dir": str(store.root),
         "split": config.split, "eval_split": eval_split, "images": len(records), "eval_images": eval_images,
         "pseudo_label_miou": ours["miou"], "pseudo_label_pixel_accuracy": ours["pixel_accuracy"],
-        "final_round": final_r, "converged": summary["converged"],
+        "pseudo_label_class_accuracy": ours.get("mean_class_accuracy"),
+        "final_round": final_r, "converged": summary["converged"], "stop_reason": summary.get("stop_reason"),
+        "foreground": summary.get("foreground"),
         "rounds": [{"round": int(r["round"]), "pseudo_label_miou": r["pseudo_label_miou"],
+                    "pseudo_label_class_accuracy": r.get("pseudo_label_class_accuracy"),
                     "changed_share": r["changed_share"], "ignore_share": r["ignore_share"],
                     "wall_seconds": r["wall_seconds"]} for r in rounds],
-        "baselines": {name: {"miou": labels[f"0:{name}"]["miou"], "pixel_accuracy": labels[f"0:{name}"]["pixel_accuracy"]}
-                      for name in ("cam", "cam_crf")},
+        "baselines": {name: {"miou": labels[f"0:{name}"]["miou"], "pixel_accuracy": labels[f"0:{name}"]["pixel_accuracy"],
+                             "class_accuracy": labels[f"0:{name}"].get("mean_class_accuracy")}
+                      for name in base_names},
+        "per_class_accuracy": ours.get("per_class_accuracy"),
+        "wsss_model_class_accuracy": wsss_ev.get("mean_class_accuracy"),
+        "supervised_model_class_accuracy": sup_ev.get("mean_class_accuracy"),
         "wsss_model_miou": wsss_m, "supervised_model_miou": sup_m,
         "wsss_over_supervised": ratio(wsss_m, sup_m),
         "model_gate": "image classifier" if gated else None,
         "ungated": {"wsss_model_miou": wsss_u, "supervised_model_miou": sup_u,
                     "wsss_over_supervised": ratio(wsss_u, sup_u)} if gated else None,
         "supervised_epochs": supervised_epochs,
-        "per_class_iou": {"ours": ours["per_class_iou"], "cam": labels["0:cam"]["per_class_iou"],
-                          "cam_crf": labels["0:cam_crf"]["per_class_iou"]},
+        "per_class_iou": {"ours": ours["per_class_iou"]} | {n: labels[f"0:{n}"]["per_class_iou"] for n in base_names},
         "model_per_class_iou": {"wsss": wsss_ev.get("per_class_iou"), "supervised": sup_ev.get("per_class_iou")},
         "crf": crf, "config": config.model_dump(mode="json"), "feature_key": summary["feature_key"],
-        "final_model": final_model, "supervised_model": supervised_model, "warnings": warnings,
+        "final_model": final_model, "supervised_model": supervised_model,
+        "warnings": list(summary.get("warnings") or []) + list(warnings),
     }
 
 

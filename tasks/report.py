@@ -92,6 +92,12 @@ def overlay_figure(store: Store, records: list[ImageRecord], sources: list[tuple
     return out
 
 
+#: row titles of the baselines of ``bench quality`` (tasks.quality.BASELINES)
+BASELINE_TITLES = {"cam": "CAM (round 0)", "cam_crf": "CAM + dense CRF",
+                   "box_grabcut": "box GrabCut (10% inset, 3 iterations, per image)"}
+SHORT_TITLES = {"cam": "CAM", "cam_crf": "CAM+CRF", "box_grabcut": "box GrabCut"}
+
+
 def _f(v, p: int = 4) -> str:
     return "-" if v is None else (f"{v:.{p}f}" if isinstance(v, float) else str(v))
 
@@ -102,12 +108,20 @@ def markdown_report(res: dict) -> str:
     lines = [f"# Pseudo-label quality: {res['dataset']} ({res['split']}, {res['images']} images)", "",
              f"Pseudo-labels measured on `{res['split']}` (tags only for training, masks only here); "
              f"models measured on `{res['eval_split']}` ({res['eval_images']} images).", "",
-             "| labels on " + res["split"] + " | mIoU | pixel acc. | changed | ignore |", "|---|---|---|---|---|",
-             f"| CAM (round 0) | {_f(b['cam']['miou'])} | {_f(b['cam']['pixel_accuracy'])} | | 0.0000 |",
-             f"| CAM + dense CRF | {_f(b['cam_crf']['miou'])} | {_f(b['cam_crf']['pixel_accuracy'])} | | 0.0000 |"]
+             "| labels on " + res["split"] + " | mIoU | mean class acc. | pixel acc. | changed | ignore |",
+             "|---|---|---|---|---|---|"]
+    for name in b:
+        lines.append(f"| {BASELINE_TITLES.get(name, name)} | {_f(b[name]['miou'])} | {_f(b[name].get('class_accuracy'))} | "
+                     f"{_f(b[name]['pixel_accuracy'])} | | 0.0000 |")
     for r in res["rounds"]:
-        lines.append(f"| ours, round {r['round']} | {_f(r['pseudo_label_miou'])} | | {_f(r['changed_share'])} | "
-                     f"{_f(r['ignore_share'])} |")
+        final = " (final)" if r["round"] == res["final_round"] else ""
+        lines.append(f"| ours, round {r['round']}{final} | {_f(r['pseudo_label_miou'])} | "
+                     f"{_f(r.get('pseudo_label_class_accuracy'))} | | {_f(r['changed_share'])} | {_f(r['ignore_share'])} |")
+    if res.get("stop_reason"):
+        lines += ["", f"Stopped: {res['stop_reason']}."]
+    if res.get("foreground"):
+        lines += ["", "Class-agnostic foreground path: on (round 0's preliminary result from the images' "
+                      "boundary-connectivity saliency)."]
     u = res.get("ungated")
     head = f"| models on {res['eval_split']} | mIoU{' (gated by the image classifier) | ungated' if u else ''} |"
     def row(name: str, key: str, p: int = 4) -> str:
@@ -116,6 +130,10 @@ def markdown_report(res: dict) -> str:
               row("WSSS model (final round, pseudo-labels)", "wsss_model_miou"),
               row(f"supervised (masks of {res['split']}, {res['supervised_epochs']} epochs)", "supervised_model_miou"),
               row("WSSS / supervised", "wsss_over_supervised", 3)]
+    if res.get("wsss_model_class_accuracy") is not None:
+        pad = " |" if u else ""
+        lines += [f"| WSSS model, mean class accuracy | {_f(res['wsss_model_class_accuracy'])} |{pad}",
+                  f"| supervised, mean class accuracy | {_f(res.get('supervised_model_class_accuracy'))} |{pad}"]
     ms = res.get("model_seeds")
     if ms:
         def spread(k: str, p: int = 4) -> str:
@@ -128,9 +146,13 @@ def markdown_report(res: dict) -> str:
                   f"| WSSS / supervised, mean (min-max) | {spread('ratio', 3)} |{tail('ratio', 3)}"]
     pc = res["per_class_iou"]
     names = list(pc["ours"])
-    lines += ["", "## Per-class IoU (pseudo-labels)", "", "| class | CAM | CAM+CRF | ours |", "|---|---|---|---|"]
-    lines += [f"| {c} | {_f(pc['cam'].get(c), 3)} | {_f(pc['cam_crf'].get(c), 3)} | {_f(pc['ours'].get(c), 3)} |"
-              for c in names if any(pc[k].get(c) is not None for k in ("cam", "cam_crf", "ours"))]
+    cols = [k for k in pc if k != "ours"] + ["ours"]
+    acc = res.get("per_class_accuracy") or {}
+    lines += ["", "## Per-class IoU (pseudo-labels)", "",
+              "| class | " + " | ".join(SHORT_TITLES.get(k, k) for k in cols) + " | ours, pixel acc. |",
+              "|---|" + "---|" * (len(cols) + 1)]
+    lines += [f"| {c} | " + " | ".join(_f(pc[k].get(c), 3) for k in cols) + f" | {_f(acc.get(c), 3)} |"
+              for c in names if any(pc[k].get(c) is not None for k in cols)]
     if res.get("ablations"):
         ref_r = res.get("ablation_round", res["final_round"])
         ref = res.get("ablation_reference_miou", res["pseudo_label_miou"])
@@ -164,9 +186,9 @@ def write_quality_report(store: Store, res: dict, out: str | Path) -> dict:
     out = Path(out).resolve()
     out.parent.mkdir(parents=True, exist_ok=True)
     picks = pick_overlay_records(store.manifest(res["split"]))
-    overlay_figure(store, picks, [("CAM", 0, "cam"), ("CAM+CRF", 0, "cam_crf"),
-                                  (f"ours r{res['final_round']}", res["final_round"], "pseudo")],
-                   out.with_suffix(".png"))
+    box = [("box GrabCut", 0, "box_grabcut")] if "box_grabcut" in res["baselines"] else []
+    overlay_figure(store, picks, [("CAM", 0, "cam"), ("CAM+CRF", 0, "cam_crf")] + box +
+                   [(f"ours r{res['final_round']}", res["final_round"], "pseudo")], out.with_suffix(".png"))
     res["figure"], res["table"] = str(out.with_suffix(".png")), str(out.with_suffix(".md"))
     res["figure_images"] = [r.image_id for r in picks]
     out.write_text(json.dumps(res, indent=1, default=float))

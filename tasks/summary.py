@@ -7,10 +7,11 @@ from typing import Sequence
 
 import numpy as np
 
-from tasks.metrics import iou_from_confusion
+from tasks.metrics import class_accuracy_from_confusion, iou_from_confusion
 
 #: the columns of the rounds table
-ROW_KEYS = ("round", "pseudo_label_miou", "changed_share", "ignore_share", "wall_seconds")
+ROW_KEYS = ("round", "pseudo_label_miou", "pseudo_label_class_accuracy", "changed_share", "ignore_share",
+            "wall_seconds")
 
 
 def label_shares(stats: Sequence[dict]) -> tuple[float, float]:
@@ -22,24 +23,40 @@ def label_shares(stats: Sequence[dict]) -> tuple[float, float]:
     return changed, ignored
 
 
+def reverted_of(stats: Sequence[dict]) -> float:
+    """The share of all pixels that :func:`tasks.pipeline.pseudo_shard`'s per-image ``stats``
+    (``pixels``, ``reverted``) sent back to their label of two rounds before (0 without the key)."""
+    pixels = sum(s["pixels"] for s in stats)
+    return sum(s.get("reverted", 0.0) * s["pixels"] for s in stats) / max(pixels, 1)
+
+
 def source_scores(confusions: Sequence[dict], class_names: Sequence[str]) -> dict[str, dict]:
-    """mIoU, pixel accuracy and per-class IoU of each label source, from the per-shard
-    confusion matrices of :func:`tasks.pipeline.evaluate_shard` (summed over the shards)."""
+    """mIoU, pixel accuracy, mean per-class pixel accuracy (``mean_class_accuracy``) and the
+    per-class IoU and accuracy of each label source, from the per-shard confusion matrices of
+    :func:`tasks.pipeline.evaluate_shard` (summed over the shards)."""
     out = {}
     if not confusions:
         return out
+    by_name = lambda values: {class_names[i]: (None if np.isnan(v) else float(v))  # noqa: E731
+                              for i, v in enumerate(values)}
     for k in confusions[0]:
         conf = sum(np.asarray(r[k], np.int64) for r in confusions)
         per_class, miou = iou_from_confusion(conf)
+        per_class_acc, mean_acc = class_accuracy_from_confusion(conf)
         out[k] = {"miou": float(miou), "pixel_accuracy": float(np.trace(conf[:, :-1]) / max(conf.sum(), 1)),
-                  "per_class_iou": {class_names[i]: (None if np.isnan(v) else float(v))
-                                    for i, v in enumerate(per_class)}}
+                  "mean_class_accuracy": float(mean_acc),
+                  "per_class_iou": by_name(per_class), "per_class_accuracy": by_name(per_class_acc)}
     return out
 
 
 def row(summary: dict) -> dict:
     """The rounds-table row of a round's summary."""
     return {k: summary.get(k) for k in ROW_KEYS}
+
+
+def warnings_markdown(warnings: Sequence[str]) -> str:
+    """A "Warnings" paragraph for a Prefect artifact (empty without warnings)."""
+    return "".join(["\n\n**Warnings**\n\n"] + [f"- {w}\n" for w in warnings]) if warnings else ""
 
 
 def markdown_table(rows: list[dict]) -> str:

@@ -62,3 +62,50 @@ def test_voc_layout(tmp_path, sample_dir):
     assert classes.names[0] == "background" and classes.background == 0 and classes.n == 21
     assert items[0].tags == ("bird",) and items[0].split == "train"
     assert load_image(items[0].image_path).shape == (213, 320, 3)
+
+
+def test_corpus_changes_sorts_each_image():
+    from tasks.ingest import corpus_changes
+    from tasks.store import ImageRecord
+
+    def rec(i, sha, tags=("x",), split="train"):
+        return ImageRecord(i, 1, 1, tags, sha * 64, split, f"{i}.jpg", False)
+
+    before = [rec("a", "1"), rec("b", "2"), rec("c", "3"), rec("d", "4")]
+    now = [rec("a", "1"), rec("c", "9"), rec("d", "4", ("y",)), rec("e", "5")]
+    assert corpus_changes(before, now) == {"added": ["e"], "removed": ["b"], "changed": ["c"],
+                                           "retagged": ["d"], "unchanged": ["a"]}
+    assert corpus_changes([], now)["added"] == ["a", "c", "d", "e"]
+
+
+def test_ingest_again_decodes_only_what_changed(tmp_path, monkeypatch):
+    """The shard of an ingest again hashes the files; an unchanged image or mask is not decoded
+    and its array not rewritten, a changed mask is read again."""
+    from PIL import Image
+
+    from tasks import pipeline as pl
+    from tasks.store import Store
+
+    src = copy_sample(tmp_path / "d", ["12_25_s", "10_3_s"])
+    items = {i: dict(image_path=str(src / "images" / f"{i}.jpg"), mask_path=str(src / "masks" / f"{i}.png"),
+                     tags=["grass"], split="train", line=None) for i in ("12_25_s", "10_3_s")}
+    run = str(tmp_path / "run")
+    first = pl.ingest_shard(run, list(items), items, 21)
+    assert first["decoded"] == 2 and all(r["has_mask"] for r in first["records"])
+    meta = {k: tmp_path / "run" / "corpus" / f"{k}.zarr" / "12_25_s" / "zarr.json" for k in ("images", "masks")}
+    stamps = {k: p.stat().st_mtime_ns for k, p in meta.items()}
+    decoded = []
+    monkeypatch.setattr(pl, "decode_image", lambda *a, **k: decoded.append(a) or (_ for _ in ()).throw(AssertionError))
+    masks = []
+    real_mask = pl.load_mask
+    monkeypatch.setattr(pl, "load_mask", lambda *a, **k: masks.append(a[0]) or real_mask(*a, **k))
+    again = pl.ingest_shard(run, list(items), items, 21)
+    assert again["decoded"] == 0 and not decoded and not masks
+    assert again["records"] == first["records"]
+    assert {k: p.stat().st_mtime_ns for k, p in meta.items()} == stamps
+    m = np.asarray(Image.open(src / "masks" / "12_25_s.png")).copy()
+    m[:4, :4] = 255
+    Image.fromarray(m).save(src / "masks" / "12_25_s.png")
+    pl.ingest_shard(run, list(items), items, 21)
+    assert [p.name for p in masks] == ["12_25_s.png"] and not decoded
+    assert Store(run).mask("12_25_s")[0, 0] == 255

@@ -95,3 +95,45 @@ def test_accumulator_equals_summed_confusion():
     assert acc.miou == pytest.approx(miou)
     # IoU of class 0 over both images: TP 3+4, GT 4+4, PRED 4+4.
     assert acc.per_class[0] == pytest.approx(7 / (8 + 8 - 7))
+
+
+def test_mean_class_accuracy_known_counts():
+    from tasks.metrics import class_accuracy_from_confusion
+
+    # rows of the confusion of PRED against GT above: class 0 3/4 right, class 1 3/4 (one
+    # undecided pixel is wrong), class 2 5/6, class 3 absent from the truth (NaN, left out)
+    per_class, mean = class_accuracy_from_confusion(confusion_matrix(PRED, GT, 4))
+    assert per_class[:3].tolist() == pytest.approx([0.75, 0.75, 5 / 6]) and np.isnan(per_class[3])
+    assert mean == pytest.approx((0.75 + 0.75 + 5 / 6) / 3)
+    acc = ConfusionAccumulator(4)
+    acc.update(PRED, GT)
+    assert acc.mean_class_accuracy == pytest.approx(mean)
+    # a rare class weighs as much as a frequent one: all of class 0 right, none of class 1
+    gt = np.array([0] * 98 + [1] * 2)
+    per_class, mean = class_accuracy_from_confusion(confusion_matrix(np.zeros(100, int), gt, 2))
+    assert per_class.tolist() == [1.0, 0.0] and mean == 0.5
+    with pytest.raises(ValueError, match="conf must have shape"):
+        class_accuracy_from_confusion(np.zeros((2, 4)))
+
+
+def test_source_scores_report_class_accuracy_beside_miou():
+    from tasks.summary import source_scores
+
+    conf = confusion_matrix(PRED, GT, 4)
+    half = conf // 2
+    out = source_scores([{"x": half.tolist()}, {"x": (conf - half).tolist()}], ["a", "b", "c", "d"])["x"]
+    assert out["mean_class_accuracy"] == pytest.approx((0.75 + 0.75 + 5 / 6) / 3)
+    assert out["per_class_accuracy"] == {"a": 0.75, "b": 0.75, "c": pytest.approx(5 / 6), "d": None}
+    assert out["miou"] == pytest.approx(iou_from_confusion(conf)[1])
+
+
+def test_reverted_share_counts_changes_that_go_back():
+    from tasks.metrics import reverted_share
+
+    before = np.array([0, 0, 1, 1, 2])
+    previous = np.array([1, 0, 1, 0, 2])  # pixels 0 and 3 changed in the round before
+    label = np.array([0, 2, 1, 1, 1])  # 0 and 3 went back; 1 and 4 changed to something new
+    assert reverted_share(label, previous, before) == pytest.approx(2 / 5)
+    assert reverted_share(label, previous, None) == 0.0
+    with pytest.raises(ValueError, match="same shape"):
+        reverted_share(label, previous, before[:3])

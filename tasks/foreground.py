@@ -1,0 +1,224 @@
+"""Corpora whose tags carry no contrast, and the class-agnostic foreground evidence that serves them.
+
+The image classifier learns where a class is by contrasting the images that carry its tag with
+those that do not. When a class is tagged on every image (one product, one species, one defect
+type: an implicit-background corpus of one class), or every image carries the same tag set,
+there is nothing to contrast: the classifier's loss falls to nearly 0 and its class maps cover
+the whole image. :func:`tag_statistics` finds such classes and :func:`contrast_warnings` says so
+in words a user can act on.
+"""
+from __future__ import annotations
+
+from typing import Sequence
+
+import cv2
+import numpy as np
+import scipy.sparse as sp
+from scipy.sparse.linalg import spsolve
+
+__all__ = ["tag_statistics", "contrast_warnings", "box_grabcut", "boundary_saliency", "foreground_active",
+           "foreground_probs"]
+
+
+def tag_statistics(tag_sets: Sequence[Sequence[str]], class_names: Sequence[str],
+                   background: int | None = None) -> dict:
+    """How the tags of a corpus are spread over its images.
+
+    Parameters
+    ----------
+    tag_sets : the tags of each image (images without a tag are left out: they are untagged
+        images, e.g. an evaluation split, not negatives)
+    class_names : the corpus's classes, in order
+    background : index of the implicit background class, if any (never a tag)
+
+    Returns
+    -------
+    dict
+        ``images`` (tagged images counted), ``counts`` {class: images tagged with it, for every
+        tagged class}, ``on_every_image`` (classes tagged on every counted image, in class
+        order), ``same_tag_set`` (every counted image carries the same tags, with at least two
+        images), ``implicit_background`` (the background class's name or None).
+
+    Examples
+    --------
+    >>> s = tag_statistics([["cow", "grass"], ["grass"]], ["cow", "grass"])
+    >>> s["on_every_image"], s["same_tag_set"]
+    (['grass'], False)
+    """
+    tagged = [tuple(sorted(set(t))) for t in tag_sets if len(t)]
+    counts: dict[str, int] = {}
+    for t in tagged:
+        for c in t:
+            counts[c] = counts.get(c, 0) + 1
+    order = {c: i for i, c in enumerate(class_names)}
+    every = sorted((c for c, n in counts.items() if n == len(tagged)), key=lambda c: order.get(c, len(order)))
+    return {"images": len(tagged), "counts": dict(sorted(counts.items(), key=lambda kv: order.get(kv[0], 0))),
+            "on_every_image": every if len(tagged) >= 2 else [],
+            "same_tag_set": len(tagged) >= 2 and len(set(tagged)) == 1,
+            "implicit_background": None if background is None else class_names[background]}
+
+
+def contrast_warnings(stats: dict, where: str = "the corpus", foreground: bool | None = None) -> list[str]:
+    """One warning per kind of missing contrast in :func:`tag_statistics`'s ``stats``, naming the
+    classes and what to do about it; empty when every class has images without it.
+
+    ``foreground``: whether the class-agnostic foreground path is on for this run (None: not
+    known yet, e.g. at ingest); the advice names it either way."""
+    every = stats["on_every_image"]
+    if not every:
+        return []
+    names = ", ".join(repr(c) for c in every)
+    n = stats["images"]
+    if stats["same_tag_set"]:
+        what = (f"every one of the {n} tagged images of {where} carries the same tags ({names}): the tags carry no "
+                f"contrast, so the image classifier has nothing to learn where {'it is' if len(every) == 1 else 'they are'}")
+    else:
+        what = (f"{'class' if len(every) == 1 else 'classes'} {names} {'is' if len(every) == 1 else 'are'} tagged on "
+                f"every one of the {n} tagged images of {where}: the image classifier cannot learn where "
+                f"{'it is' if len(every) == 1 else 'they are'} from tags that never say {'it is' if len(every) == 1 else 'they are'} absent")
+    if stats["implicit_background"] is None:
+        fix = (f"add images without {names}, or give the corpus an implicit background class (a first class named "
+               f"'background' that no image is tagged with) so that the class-agnostic foreground path can "
+               f"separate the objects from it")
+    else:
+        state = ("; it is on for this run" if foreground else "; it is off for this run" if foreground is False
+                 else "; `wsseg train` turns it on by itself for such a corpus")
+        fix = (f"add images without {names} (the background alone, or other classes), or use the class-agnostic "
+               f"foreground path (--set foreground.mode=on{state})")
+    return [f"no tag contrast: {what}. What to do: {fix}."]
+
+
+# ---------------------------------------------------------------------------- foreground evidence
+def box_grabcut(image: np.ndarray, inset: float = 0.1, iterations: int = 3, seed: int = 0) -> np.ndarray:
+    """The per-image baseline of an implicit-background corpus: GrabCut initialised with a box
+    inset ``inset`` of each side from the image border, nothing learnt.
+
+    Parameters
+    ----------
+    image : (H, W, 3) uint8 RGB
+
+    Returns
+    -------
+    (H, W) bool, True = foreground (GrabCut's sure or probable foreground).
+    """
+    h, w = image.shape[:2]
+    x0, y0 = int(round(inset * w)), int(round(inset * h))
+    rect = (x0, y0, max(1, w - 2 * x0), max(1, h - 2 * y0))
+    mask = np.zeros((h, w), np.uint8)
+    bgd, fgd = np.zeros((1, 65), np.float64), np.zeros((1, 65), np.float64)
+    cv2.setRNGSeed(seed)
+    cv2.grabCut(np.ascontiguousarray(image[..., ::-1]), mask, rect, bgd, fgd, iterations, cv2.GC_INIT_WITH_RECT)
+    return np.isin(mask, (cv2.GC_FGD, cv2.GC_PR_FGD))
+
+
+def _sp_means(values: np.ndarray, labels: np.ndarray, n: int) -> np.ndarray:
+    flat = labels.ravel()
+    area = np.maximum(np.bincount(flat, minlength=n), 1)
+    return np.stack([np.bincount(flat, weights=values[..., k].ravel(), minlength=n) / area
+                     for k in range(values.shape[-1])], 1)
+
+
+def boundary_saliency(image: np.ndarray, sp_labels: np.ndarray, *, sigma_colour: float = 10.0,
+                      sigma_boundary: float = 1.0, sigma_space: float = 0.25, smooth: float = 0.1) -> np.ndarray:
+    """Class-agnostic foreground probability of each superpixel from the image alone: the
+    boundary-connectivity saliency of Zhu et al. (CVPR 2014, "Saliency optimization from robust
+    background detection").
+
+    A region is background when it is well connected to the image border: its boundary
+    connectivity is the length of border it reaches through similar colours, over the square
+    root of the area it reaches. Colour contrast weighted by the background probability of what
+    it contrasts with gives foreground evidence; a least-squares smoothing over neighbouring
+    superpixels (weighted by colour similarity) combines both.
+
+    Parameters
+    ----------
+    image : (H, W, 3) uint8 RGB
+    sp_labels : (H, W) int superpixel ids 0..S-1
+    sigma_colour : CIELAB distance scale of similar colours
+    sigma_boundary : boundary connectivity at which a region is background with weight 0.39
+    sigma_space : spatial scale of the contrast, as a share of the image diagonal
+    smooth : the constant part of the neighbours' smoothing weight
+
+    Returns
+    -------
+    (S,) float32 in [0, 1], 1 = foreground.
+    """
+    from scipy.sparse.csgraph import dijkstra
+
+    from tasks import superpixels as spx
+
+    h, w = sp_labels.shape
+    n = int(sp_labels.max()) + 1
+    lab = cv2.cvtColor(image, cv2.COLOR_RGB2LAB).astype(np.float64)
+    lab[..., 0] *= 100.0 / 255.0
+    lab[..., 1:] -= 128.0
+    colour = _sp_means(lab, sp_labels, n)
+    yy, xx = np.mgrid[0:h, 0:w]
+    diag = float(np.hypot(h, w))
+    pos = _sp_means(np.stack([yy, xx], -1).astype(np.float64), sp_labels, n) / diag
+    pairs, _ = spx.adjacency(sp_labels, return_lengths=True)
+    d_edge = np.linalg.norm(colour[pairs[:, 0]] - colour[pairs[:, 1]], axis=1)
+    graph = sp.coo_matrix((d_edge + 1e-6, (pairs[:, 0], pairs[:, 1])), shape=(n, n)).tocsr()
+    geo = dijkstra(graph, directed=False)
+    geo[~np.isfinite(geo)] = geo[np.isfinite(geo)].max() if np.isfinite(geo).any() else 0.0
+    similar = np.exp(-geo ** 2 / (2 * sigma_colour ** 2))
+    border = np.zeros(n, bool)
+    border[np.unique(np.concatenate([sp_labels[0], sp_labels[-1], sp_labels[:, 0], sp_labels[:, -1]]))] = True
+    area = similar.sum(1)
+    length = similar[:, border].sum(1)
+    connectivity = length / np.sqrt(np.maximum(area, 1e-9))
+    w_bg = 1.0 - np.exp(-connectivity ** 2 / (2 * sigma_boundary ** 2))
+    d_app = np.linalg.norm(colour[:, None] - colour[None], axis=2)
+    d_spa = np.linalg.norm(pos[:, None] - pos[None], axis=2)
+    w_spa = np.exp(-d_spa ** 2 / (2 * sigma_space ** 2))
+    w_fg = (d_app * w_spa * w_bg[None]).sum(1)
+    w_fg = w_fg / max(float(w_fg.max()), 1e-9)
+    # argmin_s sum w_bg s^2 + sum w_fg (1 - s)^2 + sum_(i,j) w_ij (s_i - s_j)^2
+    w_ij = np.exp(-d_edge ** 2 / (2 * sigma_colour ** 2)) + smooth
+    lap = sp.coo_matrix((np.concatenate([-w_ij, -w_ij]), (np.concatenate([pairs[:, 0], pairs[:, 1]]),
+                                                         np.concatenate([pairs[:, 1], pairs[:, 0]]))), shape=(n, n))
+    lap = lap.tocsr()
+    lap = lap - sp.diags(np.asarray(lap.sum(1)).ravel())
+    a = sp.diags(w_bg + w_fg) + lap
+    s = spsolve(a.tocsc(), w_fg)
+    return np.clip(s, 0.0, 1.0).astype(np.float32)
+
+
+# ---------------------------------------------------------------------------- the switch and the evidence
+def foreground_active(stats: dict, mode: str) -> bool:
+    """Whether the class-agnostic foreground path is on: ``mode`` ``on`` / ``off``, or ``auto``:
+    on when the corpus has an implicit background and some object class is tagged on every image
+    (:func:`tag_statistics`). Never without an implicit background: the evidence separates
+    objects from background, and such a corpus has none."""
+    if stats["implicit_background"] is None or mode == "off":
+        return False
+    return mode == "on" or bool(stats["on_every_image"])
+
+
+def foreground_probs(saliency: np.ndarray, cam_prob: np.ndarray, allowed: np.ndarray, background: int) -> np.ndarray:
+    """Round 0's preliminary result of an image on the foreground path.
+
+    Parameters
+    ----------
+    saliency : (H, W) float in [0, 1], the image's foreground probability (:func:`boundary_saliency`)
+    cam_prob : (K, H, W) the CAM probabilities over the allowed classes
+        (:func:`tasks.pipeline.cam_probs`); they only share the foreground among the object tags
+    allowed : (K,) bool, the image's tags and the background
+    background : index of the implicit background class
+
+    Returns
+    -------
+    (K, H, W) float32: background ``1 - saliency``, each allowed object class ``saliency`` times
+    its share of the CAM probabilities of the object classes; zero for the other classes.
+    """
+    obj = allowed.copy()
+    obj[background] = False
+    prob = np.zeros(cam_prob.shape, np.float32)
+    s = np.clip(saliency, 0.0, 1.0).astype(np.float32)
+    prob[background] = 1.0 - s
+    if obj.any():
+        q = np.maximum(cam_prob[obj], 0.0) + 1e-6
+        prob[obj] = s[None] * q / q.sum(0, keepdims=True)
+    else:
+        prob[background] = 1.0
+    return prob

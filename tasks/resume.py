@@ -1,0 +1,85 @@
+"""What each result of a run directory is computed from, so that a stored one is reused only
+while it still fits.
+
+The image classifier, a round's preliminary results, corpus classifiers, pseudo-labels and
+model depend on the class list, the corpus content and the configuration. Each records them
+when it is computed (the classifier in its checkpoint's metadata, a round in
+``rounds/rNNN/inputs.json``); a later run compares them with its own and recomputes, saying
+what changed, when they differ. The corpus content is one hash of the manifest rows a result
+uses (image id, sha256 of the file, tags, split, in the manifest's order).
+
+Example
+-------
+>>> from tasks.store import ClassSpec, ImageRecord
+>>> recs = [ImageRecord("a", 4, 4, ("cow",), "0" * 64, "train", "a.jpg", False)]
+>>> old = {"classes": classes_entry(ClassSpec(("cow", "grass"))), "corpus": corpus_entry(recs), "config": {}}
+>>> new = dict(old, classes=classes_entry(ClassSpec(("cow", "grass", "sky"))))
+>>> what_changed(old, new)
+['the class list (2 -> 3 classes; added sky)']
+"""
+from __future__ import annotations
+
+import hashlib
+from typing import Sequence
+
+from tasks.config import NOT_IN_ROUNDS, WSSSConfig
+from tasks.store import ClassSpec, ImageRecord
+
+
+def corpus_hash(records: Sequence[ImageRecord]) -> str:
+    """A short hash of the corpus content ``records`` stand for: their ids, file sha256s, tags and
+    splits, in order (the order the trainers see them in)."""
+    h = hashlib.sha256()
+    for r in records:
+        h.update(f"{r.image_id}\t{r.sha256}\t{';'.join(r.tags)}\t{r.split}\n".encode())
+    return h.hexdigest()[:16]
+
+
+def corpus_entry(records: Sequence[ImageRecord]) -> dict:
+    """``{"hash": corpus_hash, "images": count}`` (the count only to say what changed)."""
+    return {"hash": corpus_hash(records), "images": len(records)}
+
+
+def classes_entry(classes: ClassSpec) -> dict:
+    return {"names": list(classes.names), "background": classes.background}
+
+
+def classifier_inputs(classes: ClassSpec, records: Sequence[ImageRecord], config: WSSSConfig) -> dict:
+    """What the image classifier depends on besides its own settings (which its checkpoint
+    records already): the class list, the corpus it is trained on and the seed."""
+    return {"classes": classes_entry(classes), "corpus": corpus_entry(records), "config": {"seed": config.seed}}
+
+
+def round_inputs(classes: ClassSpec, records: Sequence[ImageRecord], config: WSSSConfig) -> dict:
+    """What a round depends on: the class list, the corpus of its split and every configuration
+    field but :data:`tasks.config.NOT_IN_ROUNDS` (round budget, inference settings)."""
+    cfg = {k: v for k, v in config.model_dump(mode="json").items() if k not in NOT_IN_ROUNDS}
+    return {"classes": classes_entry(classes), "corpus": corpus_entry(records), "config": cfg}
+
+
+def what_changed(previous: dict | None, current: dict) -> list[str]:
+    """What differs between the inputs a result was computed from (``previous``) and those of
+    now (``current``), one phrase each; empty when it may be reused. A result that recorded no
+    inputs (written by an older wsseg) cannot be trusted and is named as such."""
+    if previous is None:
+        return ["its inputs (not recorded: written by an older wsseg)"]
+    out = []
+    a, b = previous.get("classes"), current.get("classes")
+    if a != b:
+        a, b = a or {"names": [], "background": None}, b or {"names": [], "background": None}
+        added = [c for c in b["names"] if c not in a["names"]]
+        removed = [c for c in a["names"] if c not in b["names"]]
+        detail = "; ".join(p for p in (f"added {', '.join(added)}" if added else "",
+                                      f"removed {', '.join(removed)}" if removed else "") if p)
+        if not detail:
+            detail = "other order or implicit background"
+        out.append(f"the class list ({len(a['names'])} -> {len(b['names'])} classes; {detail})")
+    a, b = previous.get("corpus") or {}, current.get("corpus") or {}
+    if a.get("hash") != b.get("hash"):
+        out.append(f"the corpus content ({a.get('images')} -> {b.get('images')} images, manifest hash "
+                   f"{a.get('hash')} -> {b.get('hash')})")
+    a, b = previous.get("config") or {}, current.get("config") or {}
+    fields = sorted(k for k in set(a) | set(b) if a.get(k) != b.get(k))
+    if fields:
+        out.append(f"the configuration (differs in: {', '.join(fields)})")
+    return out

@@ -1,0 +1,165 @@
+"""--dask-address against a real cluster: a `dask scheduler` and two `dask worker` processes on
+127.0.0.1, started here the way a user starts them, run `wsseg ingest` and a round of `wsseg train`;
+the shard tasks run on those workers, report to the command's Prefect API, and give the outputs of
+the default local cluster bit for bit. Also: the bound on the number of shard tasks per stage."""
+from __future__ import annotations
+
+import json
+import os
+import signal
+import socket
+import sqlite3
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from conftest import copy_sample
+from test_faults import KILL_IDS, TINY, _outputs
+
+ROOT = Path(__file__).resolve().parents[1]
+DASK = Path(sys.executable).with_name("dask")  # the CLI of this environment's distributed
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _stop(procs: list[subprocess.Popen]) -> None:
+    """End each process's whole group (the worker command, its nannies, their workers)."""
+    for sig, wait in ((signal.SIGTERM, 15), (signal.SIGKILL, 5)):
+        for p in procs:
+            try:
+                os.killpg(p.pid, sig)
+            except ProcessLookupError:
+                pass
+        deadline = time.monotonic() + wait
+        for p in procs:
+            try:
+                p.wait(timeout=max(deadline - time.monotonic(), 0.1))
+            except subprocess.TimeoutExpired:
+                pass
+
+
+@pytest.fixture(scope="module")
+def external_cluster(tmp_path_factory):
+    """``(address, home)``: a scheduler and two single-threaded worker processes, each in its own
+    process group (ended at teardown whatever happens), run from a folder of their own with
+    PREFECT_HOME ``home`` (so a worker that started a Prefect server of its own would leave its
+    database there)."""
+    from distributed import Client
+
+    base = tmp_path_factory.mktemp("cluster")
+    home = base / "worker-prefect"
+    env = dict(os.environ, OMP_WAIT_POLICY="PASSIVE", PREFECT_HOME=str(home))
+    env.pop("PREFECT_API_URL", None)
+    address = f"tcp://127.0.0.1:{_free_port()}"
+    log = open(base / "cluster.log", "w")
+    procs: list[subprocess.Popen] = []
+    try:
+        procs.append(subprocess.Popen([str(DASK), "scheduler", "--host", "127.0.0.1", "--port",
+                                       address.rsplit(":", 1)[1], "--no-dashboard"], cwd=base, env=env,
+                                      stdout=log, stderr=subprocess.STDOUT, start_new_session=True))
+        procs.append(subprocess.Popen([str(DASK), "worker", address, "--nworkers", "2", "--nthreads", "1",
+                                       "--preload-nanny", "flows.nanny", "--no-dashboard",
+                                       "--local-directory", str(base / "workers")], cwd=base,
+                                      env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True))
+        with Client(address, timeout=120, set_as_default=False) as client:
+            client.wait_for_workers(2, timeout=300)
+        yield address, home
+    finally:
+        _stop(procs)
+        log.close()
+
+
+def _wsseg(cwd: Path, *argv: str) -> None:
+    env = dict(os.environ, OMP_WAIT_POLICY="PASSIVE")
+    env.pop("PREFECT_API_URL", None)  # each command starts its own Prefect API server, as a user's would
+    res = subprocess.run([sys.executable, "-m", "flows.cli", *argv], cwd=cwd, env=env, capture_output=True, text=True,
+                         timeout=1200)
+    assert res.returncode == 0, f"wsseg {' '.join(argv)} failed ({res.returncode}):\n{res.stderr[-3000:]}"
+
+
+def _task_runs(run: Path) -> dict[str, list[str]]:
+    """{task name without its suffix: [state types]} of the task runs recorded in the run
+    directory's Prefect database (the API server of the commands that ran there)."""
+    with sqlite3.connect(run / ".prefect" / "prefect.db") as db:
+        rows = db.execute("SELECT name, state_type FROM task_run").fetchall()
+    out: dict[str, list[str]] = {}
+    for name, state in rows:
+        out.setdefault(name.rsplit("-", 1)[0], []).append(state)
+    return out
+
+
+def test_ingest_and_a_round_on_an_existing_cluster_equal_the_local_cluster(tmp_path, external_cluster):
+    from distributed import Client
+
+    address, worker_home = external_cluster
+    src = copy_sample(tmp_path / "src", KILL_IDS)
+    (tmp_path / "tiny.json").write_text(json.dumps(TINY))  # shard_size 2: 3 shards per stage
+    # relative paths, from a folder that is not the workers': the command passes them on resolved
+    _wsseg(tmp_path, "ingest", "src", "--run-dir", "ext", "--shard-size", "2", "--dask-address", address)
+    _wsseg(tmp_path, "train", "--run-dir", "ext", "--config", "tiny.json", "--dask-address", address)
+    # the reference: the default local cluster, with other shards (the outputs do not depend on them)
+    _wsseg(tmp_path, "ingest", str(src), "--run-dir", "local", "--shard-size", "4", "--workers", "2")
+    _wsseg(tmp_path, "train", "--run-dir", "local", "--config", "tiny.json", "--set", "shard_size=5",
+           "--workers", "2")
+
+    got, want = _outputs(tmp_path / "ext"), _outputs(tmp_path / "local")
+    assert len(got) > len(KILL_IDS) and got.keys() == want.keys()
+    assert [k for k in want if got[k] != want[k]] == []
+
+    # the shard tasks ran on the two external workers, none on a cluster of the command's own ...
+    with Client(address, timeout=60, set_as_default=False) as client:
+        executed = client.run(lambda dask_worker: dask_worker.state.executed_count)
+        # the workers' environment came from the nanny preload flows.nanny, as the local cluster's does
+        env = client.run(lambda: {k: os.environ.get(k) for k in ("OMP_NUM_THREADS", "MALLOC_TRIM_THRESHOLD_")})
+    assert all(e == {"OMP_NUM_THREADS": "1", "MALLOC_TRIM_THRESHOLD_": None} for e in env.values()), env
+    assert len(executed) == 2 and all(n > 0 for n in executed.values()), executed
+    assert not list((tmp_path / "ext").glob("dask-scratch/**/worker-*"))
+    # ... and reported to the command's Prefect API: every shard task of the run is recorded there,
+    # completed, and no worker started a Prefect server of its own
+    runs = _task_runs(tmp_path / "ext")
+    shards = {"ingest-shard", "features-shard", "preliminary-shard", "pseudo-label-shard", "evaluate-shard"}
+    assert shards <= set(runs), runs
+    assert all(len(runs[name]) == 3 for name in shards - {"evaluate-shard"}), runs
+    assert all(s == "COMPLETED" for states in runs.values() for s in states), runs
+    assert sum(executed.values()) >= sum(len(runs[name]) for name in shards)
+    assert not list(worker_home.glob("**/*.db"))
+
+
+def test_a_wrong_address_is_one_line(tmp_path):
+    src = copy_sample(tmp_path / "src", KILL_IDS[:1])
+    env = dict(os.environ, OMP_WAIT_POLICY="PASSIVE")
+    address = f"tcp://127.0.0.1:{_free_port()}"  # nothing listens there
+    res = subprocess.run([sys.executable, "-m", "flows.cli", "ingest", str(src), "--run-dir", str(tmp_path / "run"),
+                          "--dask-address", address], cwd=ROOT, env=env, capture_output=True, text=True, timeout=600)
+    assert res.returncode == 2
+    assert res.stderr.strip().splitlines()[-1].startswith(f"wsseg: error: --dask-address {address}: no Dask scheduler")
+
+
+def test_shard_tasks_per_stage_are_bounded():
+    """At 10^6 images a stage has at most ``max_shards`` shard tasks, each image in exactly one,
+    in order; a corpus below ``shard_size * max_shards`` keeps the configured shards."""
+    from collections import namedtuple
+
+    from flows.wsss import shards_of
+    from tasks.config import WSSSConfig, shard_size_for
+
+    cfg = WSSSConfig()
+    n = 1_000_000
+    record = namedtuple("record", "image_id")  # all shards_of reads of an ImageRecord
+    records = [record(f"img{i:07d}") for i in range(n)]
+    shards = shards_of(records, cfg.shard_size, cfg.max_shards)
+    assert len(shards) <= cfg.max_shards == 2000
+    assert len(shards) == 2000 and {len(s) for s in shards} == {500}  # 10^6 / 2000
+    assert [i for s in shards for i in s] == [r.image_id for r in records]
+    small = records[:cfg.shard_size * cfg.max_shards]
+    assert shard_size_for(len(small), cfg.shard_size, cfg.max_shards) == cfg.shard_size
+    first = [r.image_id for r in records[:100]]
+    assert shards_of(records[:100], 16, 2000) == [first[i:i + 16] for i in range(0, 100, 16)]
+    assert len(shards_of(records[:10_001], 1, 100)) == 100  # ceil(10001 / 101) shards of 101

@@ -1,0 +1,195 @@
+"""Incremental refresh and resume keyed by content, on real images under prefect_test_harness.
+
+* The reported bug: after re-ingesting a corpus with another class list into the same run
+  directory, `train` reused the 8-class classifier and round on the 21-class corpus. Now it
+  says what changed, recomputes, and ends with what a fresh run directory gives.
+* `ingest` again on a grown and changed source decodes only the new and changed images, and
+  `refresh` labels them with the last round's models, as the round itself would have, without
+  training anything.
+"""
+from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
+
+import numpy as np
+import pytest
+from PIL import Image
+
+from conftest import SAMPLE, copy_sample
+
+FULL = (SAMPLE / "classes.txt").read_text().split()
+FIRST = ["12_25_s", "12_27_s", "12_33_s", "12_6_s", "1_10_s", "1_29_s", "2_18_s", "18_20_s"]
+MORE = ["14_13_s", "15_14_s", "16_19_s", "8_16_s"]  # chair, cat, dog, bicycle, road: not among FIRST's
+TINY = {"classifier": {"epochs": 4, "size": 160, "width": 16, "stride": 16, "batch_size": 8},
+        "mil": {"iterations": 1}, "proposals": {"epochs": 5},
+        "segmentation": {"epochs": 2, "min_steps": 8, "options": {"width": 16}, "crop": 160, "batch_size": 4,
+                         "num_workers": 0},
+        "max_rounds": 1, "shard_size": 4}
+
+
+def _fewer_classes(src: Path) -> list[str]:
+    """Make ``src`` a source with only the classes its images are tagged with (classes.txt in the
+    full list's order, masks re-indexed, other classes void)."""
+    tags = {t for line in (src / "labels.csv").read_text().splitlines()[1:] for t in line.split(",")[2].split(";")}
+    names = [c for c in FULL if c in tags]
+    (src / "classes.txt").write_text("\n".join(names) + "\n")
+    lut = np.full(256, 255, np.uint8)
+    for i, c in enumerate(FULL):
+        if c in names:
+            lut[i] = names.index(c)
+    for m in (src / "masks").glob("*.png"):
+        Image.fromarray(lut[np.asarray(Image.open(m))]).save(m)
+    return names
+
+
+def _config():
+    from tasks.config import WSSSConfig
+
+    return WSSSConfig.model_validate(TINY)
+
+
+def _train(run: Path, config=None) -> dict:
+    from flows.wsss import train_wsss
+
+    return train_wsss(str(run), config or _config())
+
+
+def test_another_class_list_recomputes_and_equals_a_fresh_run(tmp_path, prefect_harness, one_torch_thread, capfd):
+    from flows.wsss import ingest
+    from tasks.store import Store
+
+    small = copy_sample(tmp_path / "small", FIRST)
+    names = _fewer_classes(small)
+    assert len(names) == 8
+    big = copy_sample(tmp_path / "big", FIRST + MORE)
+    run, fresh = tmp_path / "run", tmp_path / "fresh"
+
+    ingest(str(small), str(run))
+    first = _train(run)
+    assert Store(run).classes().n == 8 and first["rounds"][-1]["round"] == 0
+    capfd.readouterr()
+
+    # the same run directory, a corpus with 21 classes and 4 more images
+    s = ingest(str(big), str(run))
+    assert s["changes"]["classes"] == {"before": names, "now": FULL}
+    assert s["changes"]["added"] == 4 and s["changes"]["unchanged"] == 8 and s["changes"]["decoded"] == 4
+    again = _train(run)
+    said = capfd.readouterr().err
+    print(said)
+    assert "classifier.pt: the class list (8 -> 21 classes; added" in said and "training again" in said
+    assert "the class list (8 -> 21 classes" in said and "round(s) 0 are computed again" in said
+    assert "the corpus content (8 -> 12 images" in said
+
+    ingest(str(big), str(fresh))
+    ref = _train(fresh)
+    a, b = Store(run), Store(fresh)
+    assert a.model_meta("classifier")["inputs"] == b.model_meta("classifier")["inputs"]
+    assert a.model_meta("segmenter", 0)["classes"] == FULL
+    for rec in b.manifest():
+        assert np.array_equal(a.pseudo(0, rec.image_id), b.pseudo(0, rec.image_id)), rec.image_id
+    miou = [r["pseudo_label_miou"] for r in again["rounds"]]
+    assert miou == [r["pseudo_label_miou"] for r in ref["rounds"]] and all(m is not None for m in miou)
+    assert a.round_inputs(0) == b.round_inputs(0)
+
+    # the same inputs again: nothing is recomputed
+    stamp = (run / "rounds" / "r000" / "round.json").stat().st_mtime_ns
+    cls_stamp = (run / "classifier.pt").stat().st_mtime_ns
+    _train(run)
+    assert (run / "rounds" / "r000" / "round.json").stat().st_mtime_ns == stamp
+    capfd.readouterr()
+
+    # another configuration of the rounds: they are computed again, the classifier is kept
+    cfg = _config().model_copy(update={"segmentation": _config().segmentation.model_copy(update={"epochs": 3})})
+    _train(run, cfg)
+    said = capfd.readouterr().err
+    assert "the configuration (differs in: segmentation) changed since round 0 was computed" in said
+    assert (run / "classifier.pt").stat().st_mtime_ns == cls_stamp
+    assert (run / "rounds" / "r000" / "round.json").stat().st_mtime_ns != stamp
+    assert json.loads((run / "config.json").read_text())["segmentation"]["epochs"] == 3
+
+
+def _mtimes(run: Path, ids: list[str]) -> dict[str, int]:
+    return {i: (run / "corpus" / "images.zarr" / i / "zarr.json").stat().st_mtime_ns for i in ids}
+
+
+def test_ingest_again_and_refresh_label_only_what_is_new(tmp_path, prefect_harness, one_torch_thread):
+    from flows.wsss import evaluate, ingest, refresh
+    from tasks.status import run_status
+    from tasks.store import Store
+
+    src = copy_sample(tmp_path / "src", FIRST)
+    run = tmp_path / "run"
+    ingest(str(src), str(run))
+    _train(run)
+    store = Store(run)
+    model_stamp = (run / "rounds" / "r000" / "model.pt").stat().st_mtime_ns
+    before = {i: store.pseudo(0, i) for i in FIRST}
+    kept = [i for i in FIRST if i not in ("12_27_s", "2_18_s")]
+    stamps = _mtimes(run, kept)
+
+    # the source grows by two images, loses one, one image is re-encoded (other bytes) and one retagged
+    extra = copy_sample(tmp_path / "extra", ["9_17_s", "5_26_s"])
+    for f in ("images", "masks"):
+        for p in (extra / f).iterdir():
+            shutil.copy(p, src / f)
+    lines = (src / "labels.csv").read_text().splitlines()
+    lines = [ln for ln in lines if not ln.startswith("2_18_s,")] + (extra / "labels.csv").read_text().splitlines()[1:]
+    lines = [ln.replace("1_29_s,train,grass;sheep", "1_29_s,train,sheep") for ln in lines]
+    (src / "labels.csv").write_text("\n".join(lines) + "\n")
+    (src / "images" / "2_18_s.jpg").unlink()
+    (src / "masks" / "2_18_s.png").unlink()
+    Image.open(src / "images" / "12_27_s.jpg").save(src / "images" / "12_27_s.jpg", quality=80)
+
+    s = ingest(str(src), str(run))
+    assert {k: s["changes"][k] for k in ("added", "removed", "changed", "retagged", "unchanged", "decoded")} == \
+        {"added": 2, "removed": 1, "changed": 1, "retagged": 1, "unchanged": 5, "decoded": 3}
+    report = json.loads((run / "corpus" / "ingest_report.json").read_text())
+    assert report["changed_images"] == {"added": ["9_17_s", "5_26_s"], "removed": ["2_18_s"],
+                                        "changed": ["12_27_s"], "retagged": ["1_29_s"]}
+    assert _mtimes(run, kept) == stamps  # unchanged images: not decoded, not rewritten
+    assert not (run / "corpus" / "images.zarr" / "2_18_s").exists()
+    for i in ("12_27_s", "1_29_s", "2_18_s"):  # stale labels are gone from the round
+        assert not store.has_pseudo(0, i)
+    st = run_status(store)
+    assert st["refresh_pending"] == {"round": 0, "images": 4}
+
+    # refresh: the new, changed and retagged images get round 0's labels, nothing is trained
+    out = refresh(str(run))
+    assert out["round"] == 0 and out["labelled"] == 4 and out["images"] == 9
+    assert out["pseudo_label_miou"] is not None and out["core_ms_per_image"] > 0
+    assert (run / "rounds" / "r000" / "model.pt").stat().st_mtime_ns == model_stamp
+    for i in kept:
+        if i != "1_29_s":  # retagged: labelled again
+            assert np.array_equal(store.pseudo(0, i), before[i])  # the others keep theirs
+    for rec in store.manifest():
+        lab = store.pseudo(0, rec.image_id)
+        assert lab.shape == (rec.height, rec.width)
+        assert set(np.unique(lab).tolist()) <= {store.classes().index(t) for t in rec.tags} | {255}
+    st = run_status(store)
+    assert st["refresh_pending"] is None and st["refresh"]["labelled"] == 4
+    assert evaluate(str(run))["miou"] > 0  # the round's labels, the refreshed ones among them
+
+    # refreshing an image gives it the label the round gave it (same models, same functions)
+    store.drop_labels(["12_25_s"])
+    assert refresh(str(run))["labelled"] == 1
+    assert np.array_equal(store.pseudo(0, "12_25_s"), before["12_25_s"])
+    assert refresh(str(run))["labelled"] == 0  # nothing left: resumes, does nothing
+
+
+def test_refresh_refuses_another_class_list(tmp_path, prefect_harness):
+    from flows.wsss import refresh
+    from tasks.resume import classes_entry, round_inputs
+    from tasks.store import ClassSpec, ImageRecord, Store
+
+    store = Store(tmp_path / "run")
+    recs = [ImageRecord("a", 4, 4, ("x",), "0" * 64, "train", "a.jpg", False)]
+    store.write_corpus(recs, ClassSpec(("x", "y", "z")))
+    store.write_config(_config().model_dump(mode="json"))
+    store.write_round_inputs(0, dict(round_inputs(ClassSpec(("x", "y")), recs, _config())))
+    store.write_round(0, {"round": 0})
+    assert store.round_inputs(0)["classes"] == classes_entry(ClassSpec(("x", "y")))
+    with pytest.raises(ValueError, match=r"class list changed since round 0 was trained \(2 -> 3 classes\).*"
+                                         r"run `wsseg train`"):
+        refresh(str(store.root))

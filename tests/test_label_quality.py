@@ -1,0 +1,209 @@
+"""Label quality where the tags fail: the no-contrast warning (ingest, train, summary, Prefect
+artifact), the class-agnostic foreground evidence, box GrabCut, and the mask-free stopping rule."""
+import importlib.util
+import json
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from tasks.config import WSSSConfig
+from tasks.foreground import (box_grabcut, boundary_saliency, contrast_warnings, foreground_active,
+                              foreground_probs, tag_statistics)
+from tasks.stopping import decide
+
+ROOT = Path(__file__).resolve().parents[1]
+SAMPLE = ROOT / "flows" / "sample" / "msrc21"
+ANIMALS = "bird,sheep,dog,cat,cow"
+
+
+def _tool():
+    spec = importlib.util.spec_from_file_location("make_one_class", ROOT / "tools" / "make_one_class.py")
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod
+
+
+def one_class_corpus(dst: Path, n: int) -> Path:
+    """The sample's photos of animals, tagged ``animal`` only (other classes: background), first ``n``."""
+    _tool().build(SAMPLE, ANIMALS.split(","), "animal", dst)
+    lines = (dst / "labels.csv").read_text().splitlines()
+    keep = lines[1:n + 1]
+    for line in lines[n + 1:]:
+        iid = line.split(",")[0]
+        (dst / "images" / f"{iid}.jpg").unlink()
+        (dst / "masks" / f"{iid}.png").unlink()
+    (dst / "labels.csv").write_text("\n".join([lines[0]] + keep) + "\n")
+    (dst / "train.txt").write_text("\n".join(x.split(",")[0] for x in keep) + "\n")
+    return dst
+
+
+# ---------------------------------------------------------------------------- tag statistics and the warning
+def test_a_class_on_every_image_is_named_with_what_to_do():
+    names = ["background", "person", "dog"]
+    s = tag_statistics([["person"], ["person", "dog"], ["person"], []], names, background=0)
+    assert s["images"] == 3 and s["counts"] == {"person": 3, "dog": 1}
+    assert s["on_every_image"] == ["person"] and not s["same_tag_set"]
+    [w] = contrast_warnings(s, where="split 'train'", foreground=True)
+    assert "'person'" in w and "every one of the 3 tagged images of split 'train'" in w and "'dog'" not in w
+    assert "add images without 'person'" in w and "foreground.mode=on" in w and "on for this run" in w
+    assert foreground_active(s, "auto") and not foreground_active(s, "off")
+
+
+def test_the_same_tag_set_everywhere_and_no_background():
+    s = tag_statistics([["cow", "grass"], ["grass", "cow"]], ["grass", "cow", "sky"])
+    assert s["same_tag_set"] and s["on_every_image"] == ["grass", "cow"]  # in class order
+    [w] = contrast_warnings(s)
+    assert "carries the same tags ('grass', 'cow')" in w and "add images without 'grass', 'cow'" in w
+    # without an implicit background there is nothing to separate the objects from: never on
+    assert "implicit background class" in w and not foreground_active(s, "on")
+
+
+def test_tags_with_contrast_raise_nothing():
+    s = tag_statistics([["cow", "grass"], ["grass", "sky"], ["cow"]], ["grass", "cow", "sky"])
+    assert s["on_every_image"] == [] and contrast_warnings(s) == []
+    assert not foreground_active(s | {"implicit_background": "background"}, "auto")
+    # a single image is no corpus to warn about
+    assert contrast_warnings(tag_statistics([["cow"]], ["cow"])) == []
+
+
+def test_msrc21_and_coco128_tags_keep_the_foreground_path_off():
+    """The shared corpora: every class of msrc21 and coco128 has images without it."""
+    import csv
+
+    for name, bg in (("msrc21", None), ("coco128", 0)):
+        root = ROOT.parent / "shared" / "data" / name
+        if not root.is_dir():
+            pytest.skip("shared data not here")
+        names = (root / "classes.txt").read_text().split()
+        rows = [r for r in csv.DictReader(open(root / "labels.csv")) if r["split"] == "train"]
+        s = tag_statistics([r["labels"].split(";") for r in rows if r["labels"]], names, bg)
+        assert s["on_every_image"] == [] and not foreground_active(s, "auto")
+
+
+# ---------------------------------------------------------------------------- foreground evidence
+def _disk_image(h=96, w=128, r=24):
+    yy, xx = np.mgrid[0:h, 0:w]
+    disk = (yy - h / 2) ** 2 + (xx - w / 2) ** 2 < r ** 2
+    rng = np.random.default_rng(0)
+    img = np.where(disk[..., None], [200, 40, 40], [60, 120, 60]).astype(np.float64)
+    img += rng.normal(0, 6, img.shape)
+    return np.clip(img, 0, 255).astype(np.uint8), disk
+
+
+def _iou(a, b):
+    return np.count_nonzero(a & b) / np.count_nonzero(a | b)
+
+
+def test_box_grabcut_and_saliency_find_a_centred_object():
+    from tasks import superpixels as spx
+
+    img, disk = _disk_image()
+    assert _iou(box_grabcut(img), disk) > 0.9
+    labels = spx.superpixels(img, method="slico", region_size=8)
+    s = boundary_saliency(img, labels)
+    assert s.shape == (labels.max() + 1,) and s.dtype == np.float32 and 0 <= s.min() <= s.max() <= 1
+    assert _iou(s[labels] > 0.5, disk) > 0.8
+    # the border superpixels are background
+    border = np.unique(np.concatenate([labels[0], labels[-1], labels[:, 0], labels[:, -1]]))
+    assert s[border].max() < 0.5
+
+
+def test_foreground_probs_split_the_saliency_among_the_object_tags():
+    sal = np.array([[0.0, 0.5], [1.0, 0.8]], np.float32)
+    cam = np.zeros((4, 2, 2), np.float32)
+    cam[1], cam[2] = 0.75, 0.25  # classes 1 and 2 tagged, 3 not
+    allowed = np.array([True, True, True, False])
+    p = foreground_probs(sal, cam, allowed, background=0)
+    assert np.allclose(p.sum(0), 1.0, atol=1e-5) and np.all(p[3] == 0)
+    assert np.allclose(p[0], 1 - sal) and np.allclose(p[1], 0.75 * sal, atol=1e-5)
+
+
+# ---------------------------------------------------------------------------- stopping
+def test_stopping_decisions_known_by_construction():
+    cfg = WSSSConfig(max_rounds=4, epsilon=0.02)
+    # round 1 sends 0.06 of its 0.10 changed pixels back: oscillation, round 0 is final
+    d = decide(cfg, 1, 0.10, 0.06)
+    assert d.stop and d.final_round == 0 and d.reverted == pytest.approx(0.6) and "oscillation" in d.reason
+    assert "the CAM labels" in d.reason and d.record()["stop_reason"] == d.reason
+    d = decide(cfg, 2, 0.10, 0.04)  # mostly new changes: go on
+    assert not d.stop and d.final_round == 2 and d.reason is None
+    d = decide(cfg, 2, 0.01, 0.0)
+    assert d.stop and d.converged and d.final_round == 2 and "converged" in d.reason
+    d = decide(cfg, 3, 0.10, 0.01)
+    assert d.stop and d.final_round == 3 and "round budget" in d.reason
+    assert not decide(cfg, 0, 1.0, 0.0).stop  # round 0 has nothing to go back to
+    budget = WSSSConfig(max_rounds=4, stopping="budget")
+    assert not decide(budget, 1, 0.10, 0.09).stop
+
+
+# ---------------------------------------------------------------------------- end to end
+@pytest.fixture(scope="module")
+def cluster(prefect_harness, tmp_path_factory):
+    import os
+
+    from prefect.settings import PREFECT_API_URL
+
+    from flows.runtime import dask_cluster
+
+    os.environ["PREFECT_API_URL"] = PREFECT_API_URL.value()
+    try:
+        with dask_cluster(None, 2, tmp_path_factory.mktemp("dask")) as address:
+            yield address
+    finally:
+        os.environ.pop("PREFECT_API_URL", None)
+
+
+def _artifact(key: str) -> str:
+    from prefect.client.orchestration import get_client
+    from prefect.client.schemas.filters import ArtifactFilter, ArtifactFilterKey
+
+    with get_client(sync_client=True) as client:
+        arts = client.read_artifacts(artifact_filter=ArtifactFilter(key=ArtifactFilterKey(any_=[key])))
+    return max(arts, key=lambda a: a.created).data
+
+
+def test_one_class_corpus_warns_at_ingest_and_train_and_takes_the_foreground_path(
+        tmp_path, prefect_harness, cluster, one_torch_thread):
+    import mlflow
+
+    from flows.runtime import on_cluster
+    from flows.wsss import ingest, train_wsss
+    from tasks.store import Store
+
+    src = one_class_corpus(tmp_path / "src", 6)
+    run = tmp_path / "run"
+    s = on_cluster(ingest, cluster)(str(src), str(run), shard_size=8)
+    assert s["implicit_background"] == "background"
+    [w] = s["warnings"]
+    assert "'animal'" in w and "add images without 'animal'" in w and "foreground.mode=on" in w
+    assert w in _artifact("corpus")
+
+    cfg = WSSSConfig.model_validate({
+        "classifier": {"epochs": 2, "size": 96, "width": 8, "stride": 16, "batch_size": 8, "cam_scales": [1.0]},
+        "mil": {"iterations": 1}, "proposals": {"epochs": 2},
+        "segmentation": {"epochs": 1, "options": {"width": 8}, "crop": 96, "batch_size": 4, "num_workers": 0},
+        "max_rounds": 1, "shard_size": 8})
+    t = on_cluster(train_wsss, cluster)(str(run), cfg, cluster)
+    assert t["foreground"] is True and len(t["warnings"]) == 1 and "on for this run" in t["warnings"][0]
+    assert t["final_round"] == 0 and "round budget" in t["stop_reason"]
+    assert json.loads((run / "summary.json").read_text())["warnings"] == t["warnings"]
+    art = _artifact("train-wsss")
+    assert t["warnings"][0] in art and "Final: round 0" in art and "pseudo_label_class_accuracy" in art
+    for row in t["rounds"]:
+        assert 0.0 <= row["pseudo_label_class_accuracy"] <= 1.0
+    # round 0's preliminary result is the image's saliency (the one object tag takes all of the
+    # foreground), not the CAM against a constant background score
+    from tasks.feature_cache import load_features
+
+    store = Store(run)
+    for rec in store.manifest():
+        sp_labels = load_features(store, rec, t["feature_key"]).superpixels
+        expected = boundary_saliency(store.image(rec.image_id), sp_labels)[sp_labels]
+        prelim = store.prelim(0, rec.image_id, 2)
+        assert np.abs(prelim[1] - expected).max() <= 1 / 255 + 1e-6
+        assert np.abs(prelim[0] - (1 - expected)).max() <= 1 / 255 + 1e-6
+    # MLflow: why the rounds stopped, on the parent run
+    mlflow.set_tracking_uri(f"sqlite:///{run / 'mlflow.db'}")
+    parent = mlflow.get_run(t["mlflow_parent_run_id"])
+    assert parent.data.tags["stop_reason"] == t["stop_reason"] and parent.data.metrics["final_round"] == 0
