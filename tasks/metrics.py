@@ -104,12 +104,7 @@ def iou_from_confusion(conf):
     miou : float
         Mean over the non-NaN entries (NaN if all are NaN).
     """
-    conf = np.asarray(conf, dtype=np.float64)
-    if conf.ndim != 2 or conf.shape[1] not in (conf.shape[0], conf.shape[0] + 1):
-        raise ValueError(
-            f"conf must have shape (K, K) or (K, K + 1), got {conf.shape}; "
-            f"pass the output of confusion_matrix."
-        )
+    conf = _checked_confusion(conf)
     k = conf.shape[0]
     tp = np.diag(conf[:, :k])
     gt_total = conf.sum(axis=1)
@@ -119,6 +114,15 @@ def iou_from_confusion(conf):
         per_class = np.where(union > 0, tp / np.where(union > 0, union, 1), np.nan)
     miou = float(np.nanmean(per_class)) if np.any(~np.isnan(per_class)) else float("nan")
     return per_class, miou
+
+
+def _checked_confusion(conf) -> np.ndarray:
+    """``conf`` as float64, refused unless it is (K, K) or (K, K + 1)."""
+    conf = np.asarray(conf, dtype=np.float64)
+    if conf.ndim != 2 or conf.shape[1] not in (conf.shape[0], conf.shape[0] + 1):
+        raise ValueError(f"conf must have shape (K, K) or (K, K + 1), got {conf.shape}; "
+                         f"pass the output of confusion_matrix.")
+    return conf
 
 
 def class_accuracy_from_confusion(conf):
@@ -143,12 +147,7 @@ def class_accuracy_from_confusion(conf):
     >>> per_class.tolist(), mean
     ([0.75, 1.0], 0.875)
     """
-    conf = np.asarray(conf, dtype=np.float64)
-    if conf.ndim != 2 or conf.shape[1] not in (conf.shape[0], conf.shape[0] + 1):
-        raise ValueError(
-            f"conf must have shape (K, K) or (K, K + 1), got {conf.shape}; "
-            f"pass the output of confusion_matrix."
-        )
+    conf = _checked_confusion(conf)
     k = conf.shape[0]
     tp = np.diag(conf[:, :k])
     gt_total = conf.sum(axis=1)

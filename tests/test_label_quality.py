@@ -68,13 +68,14 @@ def test_tags_with_contrast_raise_nothing():
 
 
 def test_msrc21_and_coco128_tags_keep_the_foreground_path_off():
-    """The shared corpora: every class of msrc21 and coco128 has images without it."""
+    """The bundled sample, and the shared corpora where present: every class of msrc21 and
+    coco128 has images without it."""
     import csv
 
-    for name, bg in (("msrc21", None), ("coco128", 0)):
-        root = ROOT.parent / "shared" / "data" / name
-        if not root.is_dir():
-            pytest.skip("shared data not here")
+    shared = ROOT.parent / "shared" / "data"
+    corpora = [(ROOT / "flows" / "sample" / "msrc21", None)] + [
+        (shared / n, bg) for n, bg in (("msrc21", None), ("coco128", 0)) if (shared / n).is_dir()]
+    for root, bg in corpora:
         names = (root / "classes.txt").read_text().split()
         rows = [r for r in csv.DictReader(open(root / "labels.csv")) if r["split"] == "train"]
         s = tag_statistics([r["labels"].split(";") for r in rows if r["labels"]], names, bg)
