@@ -107,16 +107,20 @@ def ingest(source: str, run_dir: str, shard_size: int = 32, skip_invalid: bool =
                          run_dir=run_dir, n_classes=classes.n, alpha_background=alpha_background)
     store = Store(run_dir)
     decoded = [r for res in results for r in res["rejected"]]
-    if decoded and not skip_invalid:
-        store.drop_images([i for res in results for i in res["written"]])
+    staged = [i for res in results for i in res.get("staged", [])]
+    if decoded and not skip_invalid:  # refused: new images removed, the stored ones kept as they were
+        store.drop_staged()
+        store.drop_images([i for res in results for i in res["written"] if i not in set(staged)])
         raise ing.IngestError([p for r in decoded for p in r["problems"]], hint=ing.REFUSED_HINT)
     rejected = sorted(check.rejected + decoded, key=lambda r: (r["line"] is None, r["line"] or 0))
     if not any(res["records"] for res in results):
+        store.drop_staged()
         raise ing.IngestError([p for r in rejected for p in r["problems"]],
                               hint="(nothing was added to the corpus: every listed image was rejected)")
     settings = dict(source=str(source), max_pixels=max_pixels, min_side=min_side,
                     allow_external_links=allow_external_links, alpha_background=alpha_background,
                     skip_invalid=skip_invalid)
+    store.commit_staged(staged)
     summary = ing.corpus_summary(store, results, ids, classes, skipped=len(rejected), listed=check.listed,
                                  rejected=rejected, settings=settings)
     create_markdown_artifact(key="corpus", markdown=markdown_table([{k: v for k, v in summary.items() if k != "warnings"}])

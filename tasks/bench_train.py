@@ -76,6 +76,7 @@ def prepare_corpus(run_dir: str | os.PathLike, source: str | os.PathLike = SAMPL
         if res["problems"]:
             raise ing.IngestError(res["problems"])
         recs = [ImageRecord(**(r | {"tags": tuple(r["tags"])})) for r in res["records"]]
+        store.commit_staged(res["staged"])  # arrays a stopped earlier attempt left: replaced
         store.write_corpus(recs, classes)
         say(f"ingested {len(recs)} images from {source} in {time.perf_counter() - t0:.1f}s")
     records = [r for r in store.manifest() if r.has_mask]

@@ -80,6 +80,7 @@ def train_image_classifier(store: Store, records: list[ImageRecord], cfg: Classi
                           max_seconds=cfg.max_seconds, patience=cfg.epochs, num_workers=1)
     prog = Progress("classifier", cfg.epochs, "epochs")
     result = tr.fit(model, ds, tr.multilabel_loss, tcfg, checkpoint=state,
+                    resume_key={"config": wanted, "inputs": inputs, "classes": list(classes.names)},
                     log=(lambda m, step: log({f"classifier_{k}": v for k, v in m.items()}, step)) if log else None,
                     progress=lambda s: prog.advance(1, s.split(" ", 2)[-1]))
     seconds = time.perf_counter() - t0

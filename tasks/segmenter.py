@@ -13,6 +13,7 @@ from tasks import training as tr
 from tasks.config import WSSSConfig
 from tasks.feature_cache import load_edges
 from tasks.progress import Progress
+from tasks.resume import corpus_hash
 from tasks.store import ClassSpec, ImageRecord, Store
 
 
@@ -115,7 +116,12 @@ def train_segmenter(store: Store, records: list[ImageRecord], feature_key: str, 
                           num_workers=s.num_workers)
     prog = Progress(f"segmenter r{r}" if label_round is not None else "supervised", epochs, "epochs")
     weights = tr.balanced_class_weights(labels.class_counts(classes.n), s.class_balance) if s.class_balance else None
+    # a stopped training resumes only on the same labels, corpus, classes and settings
+    resume_key = {"corpus": corpus_hash(records), "classes": list(classes.names), "label_round": label_round,
+                  "feature_key": feature_key, "init_round": init_round, "start": start,
+                  "segmentation": s.model_dump(mode="json"), "seed": config.seed}
     result = tr.fit(model, ds, tr.segmentation_loss(weights), tcfg, checkpoint=store.train_state(kind, **where),
+                    resume_key=resume_key,
                     log=(lambda m, step: log({f"seg_{k}": v for k, v in m.items()}, step)) if log else None,
                     progress=lambda msg: prog.advance(1, msg.split(" ", 2)[-1]))
     store.write_model(kind, model, **where, builder=s.model, num_classes=classes.n, in_channels=in_ch,

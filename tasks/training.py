@@ -19,6 +19,7 @@ import abc
 import dataclasses
 import math
 import random
+import sys
 import time
 from dataclasses import dataclass, field
 from typing import Callable, Iterator, Sequence
@@ -368,7 +369,7 @@ def _schedule(opt: torch.optim.Optimizer, cfg: TrainConfig, steps: int):
 def fit(model: nn.Module, ds: StoreDataset | BatchSource, loss_fn: Callable, cfg: TrainConfig, *,
         checkpoint=None, log: Callable[[dict, int], None] | None = None,
         progress: Callable[[str], None] | None = None, on_step: Callable[[dict], None] | None = None,
-        forward: Callable | None = None) -> TrainResult:
+        forward: Callable | None = None, resume_key: dict | None = None) -> TrainResult:
     """The one training loop of every network: seeded, resumable, budgeted, plateau-aware.
 
     Parameters
@@ -379,6 +380,9 @@ def fit(model: nn.Module, ds: StoreDataset | BatchSource, loss_fn: Callable, cfg
     checkpoint : tasks.store.StateFile, optional
         Model, optimiser, scheduler, epoch and history, saved (atomically) after every epoch;
         when it holds a state, training resumes from the epoch after the saved one.
+    resume_key : dict, optional
+        What the training is computed from (corpus hash, class list, settings), saved with the
+        state: a state saved under another key is not resumed (training starts over).
     log, progress : callable, optional
         Per epoch: ``log(metrics, epoch)``, ``progress(line)``.
     on_step : callable(dict), optional
@@ -401,6 +405,11 @@ def fit(model: nn.Module, ds: StoreDataset | BatchSource, loss_fn: Callable, cfg
     history: list[dict] = []
     start_epoch = 0
     state = checkpoint.load(device) if checkpoint is not None else None
+    if state is not None and state.get("resume_key") != resume_key:
+        # a stopped training of other inputs (another corpus, class list or configuration)
+        print(f"  [train] {checkpoint.path}: a stopped training of other inputs; starting over",
+              file=sys.stderr, flush=True)
+        state = None
     if state is not None:
         if state.get("epochs") == cfg.epochs and state.get("epoch", -1) + 1 <= cfg.epochs:
             model.load_state_dict(state["model"])
@@ -475,7 +484,8 @@ def fit(model: nn.Module, ds: StoreDataset | BatchSource, loss_fn: Callable, cfg
         if checkpoint is not None:
             checkpoint.save({"model": model.state_dict(), "optimizer": opt.state_dict(),
                              "scheduler": sched.state_dict(), "epoch": epoch,
-                             "epochs": cfg.epochs, "history": history, "stopped": stop})
+                             "epochs": cfg.epochs, "history": history, "stopped": stop,
+                             "resume_key": resume_key})
         if stop:
             stopped = stop
             break

@@ -193,3 +193,44 @@ def test_refresh_refuses_another_class_list(tmp_path, prefect_harness):
     with pytest.raises(ValueError, match=r"class list changed since round 0 was trained \(2 -> 3 classes\).*"
                                          r"run `wsseg train`"):
         refresh(str(store.root))
+
+
+def test_a_refused_ingest_again_keeps_the_stored_images(tmp_path, prefect_harness):
+    """An ingest again that is refused (one unreadable new image) changes nothing: the image it
+    re-read (other bytes) keeps its stored array, mask and manifest row; accepted, the new
+    array replaces it."""
+    from flows.wsss import ingest
+    from tasks.ingest import IngestError, decode_image
+    from tasks.store import Store
+
+    ids = ["12_25_s", "12_27_s", "1_10_s"]
+    src = copy_sample(tmp_path / "src", ids)
+    run = tmp_path / "run"
+    ingest(str(src), str(run), shard_size=2)
+    store = Store(run)
+    old = {i: (store.image(i), store.mask(i)) for i in ids}
+    manifest = store.manifest()
+    # one image re-encoded (other pixels), one new image that cannot be read
+    Image.open(src / "images" / "12_27_s.jpg").save(src / "images" / "12_27_s.jpg", quality=40)
+    shutil.copy(src / "images" / "12_25_s.jpg", src / "images" / "zz_new.jpg")
+    bad = np.asarray(Image.open(src / "masks" / "12_25_s.png")).copy()
+    bad[:4, :4] = 200  # no class has index 200 (and it is not void, 255): found when the shard reads it
+    Image.fromarray(bad).save(src / "masks" / "zz_new.png")
+    (src / "labels.csv").write_text((src / "labels.csv").read_text() + "zz_new,train,grass\n")
+    with pytest.raises(IngestError, match=r"zz_new\.png"):
+        ingest(str(src), str(run), shard_size=2)
+    assert store.manifest() == manifest
+    for i in ids:
+        assert np.array_equal(store.image(i), old[i][0]) and np.array_equal(store.mask(i), old[i][1]), i
+    assert not (run / "corpus" / "images.zarr" / "zz_new").exists()
+    assert not (run / "corpus" / Store.STAGING).exists()
+    # the source fixed: the re-encoded image replaces the stored one
+    (src / "images" / "zz_new.jpg").unlink()
+    (src / "masks" / "zz_new.png").unlink()
+    (src / "labels.csv").write_text((src / "labels.csv").read_text().replace("zz_new,train,grass\n", ""))
+    s = ingest(str(src), str(run), shard_size=2)
+    assert s["changes"]["changed"] == 1 and s["changes"]["decoded"] == 1
+    new = decode_image(src / "images" / "12_27_s.jpg")[0]
+    assert np.array_equal(store.image("12_27_s"), new) and not np.array_equal(new, old["12_27_s"][0])
+    assert np.array_equal(store.mask("12_27_s"), old["12_27_s"][1])
+    assert not (run / "corpus" / Store.STAGING).exists()

@@ -106,6 +106,9 @@ def test_ingest_again_decodes_only_what_changed(tmp_path, monkeypatch):
     m = np.asarray(Image.open(src / "masks" / "12_25_s.png")).copy()
     m[:4, :4] = 255
     Image.fromarray(m).save(src / "masks" / "12_25_s.png")
-    pl.ingest_shard(run, list(items), items, 21)
+    res = pl.ingest_shard(run, list(items), items, 21)
     assert [p.name for p in masks] == ["12_25_s.png"] and not decoded
+    # the new mask waits in the staging area until the ingest flow accepts the source
+    assert res["staged"] == ["12_25_s"] and Store(run).mask("12_25_s")[0, 0] != 255
+    Store(run).commit_staged(res["staged"])
     assert Store(run).mask("12_25_s")[0, 0] == 255

@@ -165,3 +165,72 @@ def test_local_run_dirs_keep_their_layout(tmp_path):
         {"endpoint_url": "http://h:9000", "anon": False, "client_kwargs": {"region_name": "eu"}}
     with pytest.raises(ValueError, match="KEY=VALUE"):
         parse_storage_options(["endpoint_url"])
+
+
+DTYPES = ("bool", "uint8", "int32", "int64", "float16", "float32", "float64")
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_direct_chunks_are_zarr_arrays_both_ways(tmp_path, dtype):
+    """The store writes its single-chunk arrays without zarr (tasks.store.chunked): zarr reads
+    them back value for value with their attributes, and the store reads what zarr wrote,
+    including an all-fill array whose chunk zarr never writes."""
+    import zarr
+
+    from tasks.store import chunked
+
+    rng = np.random.default_rng(3)
+    for shape in ((7,), (5, 6), (4, 5, 3)):
+        a = (rng.random(shape) * 50 - (0 if dtype.startswith("u") or dtype == "bool" else 25)).astype(dtype)
+        ours = tmp_path / f"ours-{dtype}-{len(shape)}"
+        chunked.write(ours, a, {"complete": True, "sha256": "x"})
+        z = zarr.open_array(str(ours), mode="r")
+        assert z.dtype == a.dtype and z.shape == a.shape and np.array_equal(z[...], a)
+        assert dict(z.attrs) == {"complete": True, "sha256": "x"}
+        theirs = tmp_path / f"zarr-{dtype}-{len(shape)}"
+        zz = zarr.create_array(str(theirs), shape=a.shape, dtype=a.dtype, chunks=a.shape, fill_value=0)
+        zz[...] = a
+        back = chunked.read(theirs, chunked.metadata(theirs))
+        assert back.dtype == a.dtype and np.array_equal(back, a) and back.flags.writeable
+    empty = tmp_path / f"zeros-{dtype}"
+    zz = zarr.create_array(str(empty), shape=(3, 4), dtype=dtype, chunks=(3, 4), fill_value=0)
+    zz[...] = np.zeros((3, 4), dtype)
+    assert not (empty / "c").exists()  # zarr skips a chunk equal to the fill value
+    assert np.array_equal(chunked.read(empty, chunked.metadata(empty)), np.zeros((3, 4), dtype))
+
+
+def test_replaced_array_reads_missing_until_whole(tmp_path):
+    """Replacing an array removes its metadata before its chunk is rewritten: a writer stopped
+    between the two leaves an array that reads as absent, never old metadata over a new chunk."""
+    from tasks.store import chunked
+
+    store = Store(tmp_path)
+    store.write_pseudo(0, "a", np.ones((3, 3), np.uint8))
+    path = store.round_dir(0) / "pseudo.zarr" / "a"
+    (path / "zarr.json").unlink()  # what a writer stopped after its first step leaves
+    (path / "c" / "0" / "0").write_bytes(chunked._ZSTD.encode(np.full((4, 4), 2, np.uint8).tobytes()))
+    assert store.pseudo(0, "a") is None
+    store.write_pseudo(0, "a", np.full((4, 4), 2, np.uint8))
+    assert np.array_equal(store.pseudo(0, "a"), np.full((4, 4), 2, np.uint8))
+
+
+def test_cached_parts_written_by_zarr_still_read(tmp_path):
+    """A feature cache written by zarr itself (older runs) reads back the same."""
+    import zarr
+
+    store = Store(tmp_path)
+    parts = {"edges": np.arange(12, dtype=np.uint8).reshape(3, 4), "feats": np.ones((2, 5), np.float32)}
+    base = store.cache_dir("features", "k")
+    g = zarr.open_group(str(base), mode="a")
+    for name, arr in parts.items():
+        a = g.create_array(f"{'ab' * 12}.{name}", shape=arr.shape, dtype=arr.dtype, chunks=arr.shape, fill_value=0)
+        a[...] = arr
+        a.attrs.update({"complete": True})
+    m = g.create_array("ab" * 12, shape=(1,), dtype="uint8", chunks=(1,), fill_value=0)
+    m[...] = np.zeros(1, np.uint8)
+    m.attrs.update({"parts": sorted(parts), "complete": True})
+    got = store.cached("features", "k", "ab" * 32)
+    assert sorted(got) == sorted(parts) and all(np.array_equal(got[k], parts[k]) for k in parts)
+    store.put_cached("features", "k", "cd" * 32, parts)
+    got = store.cached("features", "k", "cd" * 32, parts=["edges"])
+    assert list(got) == ["edges"] and np.array_equal(got["edges"], parts["edges"])

@@ -81,7 +81,7 @@ class _Interrupt(Exception):
     pass
 
 
-def _run(root: str, checkpoint: StateFile | None, interrupt_at: int | None = None):
+def _run(root: str, checkpoint: StateFile | None, interrupt_at: int | None = None, resume_key: dict | None = None):
     torch.manual_seed(0)
     model = models.build_model("small", N_CLASSES, in_channels=4, width=8)  # has dropout: RNG matters
     ds = tr.StoreDataset(len(IDS), StoreLoad(root, IDS, 96), tr.Augment(crop=64), seed=3)
@@ -93,7 +93,8 @@ def _run(root: str, checkpoint: StateFile | None, interrupt_at: int | None = Non
         if interrupt_at is not None and msg.startswith(f"epoch {interrupt_at + 1}/"):
             raise _Interrupt
 
-    return model, tr.fit(model, ds, tr.segmentation_loss(), cfg, checkpoint=checkpoint, progress=progress)
+    return model, tr.fit(model, ds, tr.segmentation_loss(), cfg, checkpoint=checkpoint, progress=progress,
+                         resume_key=resume_key)
 
 
 def test_resume_continues_from_the_checkpoint_and_matches_an_uninterrupted_run(store_root, tmp_path):
@@ -114,6 +115,26 @@ def test_resume_continues_from_the_checkpoint_and_matches_an_uninterrupted_run(s
     # a finished training is not run again
     _, again = _run(store_root, ckpt)
     assert again.resumed_from == 4 and again.epochs_run == 4 and len(again.history) == 4
+
+
+def test_a_stopped_training_of_other_inputs_is_not_resumed(store_root, tmp_path, capsys):
+    """A training stopped on one corpus is not continued on another: the state saved under
+    another resume key is dropped and the training starts over (the uninterrupted run's
+    weights); under the same key it resumes."""
+    ref_model, _ = _run(store_root, None)
+    ckpt = StateFile(tmp_path / "state.pt")
+    with pytest.raises(_Interrupt):
+        _run(store_root, ckpt, interrupt_at=2, resume_key={"corpus": "a"})
+    assert ckpt.load()["resume_key"] == {"corpus": "a"}
+    model, res = _run(store_root, ckpt, resume_key={"corpus": "b"})
+    assert res.resumed_from == 0 and [h["epoch"] for h in res.history] == [0, 1, 2, 3]
+    assert "a stopped training of other inputs; starting over" in capsys.readouterr().err
+    for k, v in _weights(ref_model).items():
+        assert torch.equal(v, _weights(model)[k]), k
+    with pytest.raises(_Interrupt):
+        _run(store_root, ckpt, interrupt_at=2, resume_key={"corpus": "a"})
+    _, res = _run(store_root, ckpt, resume_key={"corpus": "a"})
+    assert res.resumed_from == 2
 
 
 # ---------------------------------------------------------------------------- plateau
