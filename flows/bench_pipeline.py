@@ -39,7 +39,7 @@ from typing import Any, Callable, Iterator
 from prefect import flow, task
 
 from flows.runtime import dask_cluster, on_cluster
-from flows.wsss import SHARD_TASK, ingest, run_shards, shards_of
+from flows.wsss import SHARD_TASK, ingest, pending_shards, run_shards, shards_of
 from tasks import bench_pipeline as tb
 from tasks import ingest as ing
 from tasks import mil, proposal_classifier
@@ -141,8 +141,10 @@ def round_pass(run_dir: str, config: WSSSConfig, ids: list[str] | None = None, t
         with trainer("classifier"):
             train_image_classifier(store, records, config.classifier, seed=config.seed, device=config.device)
     # 1. preliminary result: the image classifier's CAMs
+    # a resumed stage submits only the shards without a done marker, as flows.wsss.refresh_round does
     measured["preliminary"], walls["preliminary"] = measured_stage(
-        "preliminary", shards, "r0 preliminary", run_dir=run_dir, round_index=r, key=key, config=config)
+        "preliminary", pending_shards(store, r, "prelim", shards)[0], "r0 preliminary", run_dir=run_dir,
+        round_index=r, key=key, config=config)
     # [ours] superpixel MIL and 3. proposal classification, trained on the whole corpus
     if train:
         with trainer("mil"):
@@ -152,8 +154,8 @@ def round_pass(run_dir: str, config: WSSSConfig, ids: list[str] | None = None, t
                                             mil_prior_weight=config.mil.prior_weight, seed=config.seed)
     # 5.-7. filtering, fusion, clustering, seeded segmentation
     measured["pseudo_labels"], walls["pseudo_labels"] = measured_stage(
-        "pseudo_labels", shards, "r0 pseudo-labels", run_dir=run_dir, round_index=r, key=key, cfg=config.proposals,
-        seed=config.seed, mil_weight=config.mil.prior_weight)
+        "pseudo_labels", pending_shards(store, r, "pseudo", shards)[0], "r0 pseudo-labels", run_dir=run_dir,
+        round_index=r, key=key, cfg=config.proposals, seed=config.seed, mil_weight=config.mil.prior_weight)
     # 8. the segmenter on the pseudo-labels, on the benchmark's budget
     if train:
         with trainer("segmenter"):
@@ -178,7 +180,7 @@ class Bench:
     the configuration and the worker counts, and the steps a case is made of."""
 
     def __init__(self, data: str, run_dir: str, config: WSSSConfig, workers: list[int], *, seed: int = 0,
-                 sample: int = 96, listing_k: int = 50, source_split: str | None = None):
+                 sample: int = 256, listing_k: int = 50, source_split: str | None = None):
         self.data, self.root, self.config = str(Path(data).resolve()), Path(run_dir).resolve(), config
         self.workers, self.seed, self.sample, self.listing_k = sorted(set(workers)), seed, sample, listing_k
         self.source_split = source_split
@@ -416,7 +418,7 @@ CASES: dict[str, Callable[..., dict]] = {"full": full_case, "incremental": incre
 # ============================================================================ the flow
 @flow(name="bench_pipeline")
 def bench_pipeline(data: str, run_dir: str, sizes: list[int], workers: list[int], out: str, config: WSSSConfig,
-                   sample: int = 96, listing_k: int = 50, seed: int = 0, source_split: str | None = None,
+                   sample: int = 256, listing_k: int = 50, seed: int = 0, source_split: str | None = None,
                    cases: list[str] | None = None) -> dict:
     """The cases ``cases`` (default: all of :data:`CASES`) at each corpus size of ``sizes``; writes ``out``
     (JSON) and returns the result (keys: see :func:`result`)."""

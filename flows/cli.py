@@ -944,9 +944,9 @@ def _add_bench_pipeline_parser(bench) -> argparse.ArgumentParser:
                    help="benchmark folder: RUN_DIR/n<N>/source (the replicated dataset), RUN_DIR/n<N>/run (its "
                         "run directory), RUN_DIR/n<N>/sample-w<W> (the sample checks); running the command again "
                         "on it reuses what is there (default: runs/bench-pipeline)")
-    p.add_argument("--sample", type=int, default=96,
+    p.add_argument("--sample", type=int, default=256,
                    help="images of the first size used for the worker counts, the plain loop and CAM + CRF "
-                        "(default 96)")
+                        "(default 256: four shards of the default 64, so that 1 and 2 workers share them evenly)")
     p.add_argument("--listing-k", type=int, default=50,
                    help="random images, feature-cache entries and pseudo-labels read to time opening the store "
                         "(default 50)")

@@ -59,6 +59,20 @@ def shards_of(records: list[ImageRecord], size: int, max_shards: int = MAX_SHARD
     return [ids[i:i + size] for i in range(0, len(ids), size)]
 
 
+def pending_shards(store: Store, r: int, stage: str, shards: list[list[str]]) -> tuple[list[list[str]], list[dict]]:
+    """The shards of round ``r``'s ``stage`` (``prelim``, ``pseudo``) without a done marker, and
+    the results the others recorded: a resumed stage submits tasks only for what is left (a
+    task costs about 0.2 s even when it finds its shard done)."""
+    todo, done = [], []
+    for ids in shards:
+        res = store.shard_done(r, stage, store.shard_name(ids))
+        if res is None:
+            todo.append(ids)
+        else:
+            done.append(res)
+    return todo, done
+
+
 def run_shards(task_fn, shards: list[list[str]], stage: str, per_shard=None, **kwargs) -> list[Any]:
     """Submit one task per shard and collect results as they finish, with terminal progress
     and a Prefect progress artifact. ``per_shard(ids)``: keywords of that shard's task alone
@@ -214,7 +228,8 @@ def refresh_round(run_dir: str, round_index: int, config: WSSSConfig, feature_ke
     with tracker.run(f"round-{r}", nested=True, tags={"round": str(r)}) as run_id:
         tracker.log_params({"round": r, **config.model_dump()})
         # 1. preliminary result: round 0 from the image classifier's CAMs, later from model r-1
-        run_shards(preliminary_shard, shards, f"r{r} preliminary", run_dir=run_dir, round_index=r, key=feature_key,
+        todo, _ = pending_shards(store, r, "prelim", shards)
+        run_shards(preliminary_shard, todo, f"r{r} preliminary", run_dir=run_dir, round_index=r, key=feature_key,
                    config=config)
         # [ours] superpixel MIL: the preliminary result refined by a corpus-wide appearance classifier
         mil.train_round(store, r, records, feature_key, config.mil, seed=config.seed, log=tracker.log_metrics)
@@ -222,13 +237,13 @@ def refresh_round(run_dir: str, round_index: int, config: WSSSConfig, feature_ke
         proposal_classifier.train_round(store, r, records, feature_key, config.proposals,
                                         mil_prior_weight=config.mil.prior_weight, seed=config.seed)
         # 5.-7. IoU filtering, fusion per tagged class, 3-way clustering, seeded segmentation
-        results = run_shards(pseudo_shard, shards, f"r{r} pseudo-labels", run_dir=run_dir, round_index=r,
-                             key=feature_key, cfg=config.proposals, seed=config.seed,
-                             mil_weight=config.mil.prior_weight)
-        stats = [s for res in results for s in res["stats"]]
-        changed, ignored = label_shares(stats)
+        todo, results = pending_shards(store, r, "pseudo", shards)
+        results += run_shards(pseudo_shard, todo, f"r{r} pseudo-labels", run_dir=run_dir, round_index=r,
+                              key=feature_key, cfg=config.proposals, seed=config.seed,
+                              mil_weight=config.mil.prior_weight)
+        changed, ignored = label_shares(results)
         # 9. whether the rounds stop here and which round's labels are final (tasks.stopping, no mask)
-        decision = stopping.decide(config, r, changed, reverted_of(stats))
+        decision = stopping.decide(config, r, changed, reverted_of(results))
         # 8. correction: train the segmentation model on the pseudo-labels; the last round's
         # model (the run's final one) with the whole budget from the start, see final_model_config,
         # on the final round's labels (the round before, when this one oscillates)

@@ -27,7 +27,10 @@ Ablations and variants (all off by default, which is the network above): ``pooli
 side (default the patch size); ``global_weight`` multiplies F2 by a learnable scalar that starts
 at that value (0: the network starts as if it had no global input); ``coarse_head`` adds a 1x1
 classifier on the coarse feature map G, whose logits :meth:`forward_patches` returns on request
-(``with_coarse``) for an auxiliary loss on the coarse image.
+(``with_coarse``) for an auxiliary loss on the coarse image; ``coarse_residual`` (with
+``coarse_head``) adds that head's logits of each patch's region (ROIAlign of the coarse logits,
+at F1's size) to the patch's logits, so that the network predicts what the whole image resized
+says, corrected by what the patch shows.
 """
 
 from __future__ import annotations
@@ -156,6 +159,9 @@ class GlobalLocalNet(nn.Module):
         F2 is multiplied by a learnable scalar starting at this value (default: no scalar).
     coarse_head : bool
         Add a classifier on the coarse features (:meth:`coarse_logits`, auxiliary loss).
+    coarse_residual : bool
+        Add the coarse head's logits of each patch's region to the patch's logits (needs
+        ``coarse_head``).
     """
 
     def __init__(self, num_classes: int, in_channels: int = 3, *, patch_size: int = 512, width: int = 32,
@@ -163,8 +169,10 @@ class GlobalLocalNet(nn.Module):
                  use_global: bool = True, overlap: int = 0, patch_batch: int = 4,
                  norm_layer: Callable[[int], nn.Module] | None = None, pooling: bool = True,
                  spatial: bool = True, coarse_size: int | None = None, global_weight: float | None = None,
-                 coarse_head: bool = False) -> None:
+                 coarse_head: bool = False, coarse_residual: bool = False) -> None:
         super().__init__()
+        if coarse_residual and not (coarse_head and use_global):
+            raise ValueError("coarse_residual needs coarse_head=True and use_global=True")
         if num_classes < 1:
             raise ValueError(f"num_classes must be >= 1, got {num_classes}")
         if patch_size < 8 or patch_size % 4:
@@ -181,6 +189,7 @@ class GlobalLocalNet(nn.Module):
         self.use_global = use_global
         self.overlap, self.patch_batch = overlap, patch_batch
         self.pooling, self.with_spatial, self.coarse_size = pooling, spatial, coarse_size
+        self.coarse_residual = coarse_residual
         c = width
         self.backbone = CompactHRNet(in_channels, width, blocks, norm_layer)
         self.stride = self.backbone.stride
@@ -289,15 +298,21 @@ class GlobalLocalNet(nn.Module):
                                  f"got {tuple(coarse.shape[1:])}")
         if with_coarse and (coarse is None or not hasattr(self, "coarse_classifier")):
             raise ValueError("with_coarse needs coarse images and a model built with coarse_head=True")
-        coarse_logits = None
+        coarse_logits = residual = None
         if not self.use_global:
             f1, f2 = self.backbone(patches), None
         else:
             f1, g = self._backbone_both(patches, coarse, coarse_feats)
             f2 = self._roi(g, boxes, f1)
-            if with_coarse:
-                coarse_logits = F.interpolate(self.coarse_classifier(g), size=coarse.shape[-2:], mode="bilinear",
-                                              align_corners=False)
+            if with_coarse or self.coarse_residual:
+                g_logits = self.coarse_classifier(g)
+                if with_coarse:
+                    coarse_logits = F.interpolate(g_logits, size=coarse.shape[-2:], mode="bilinear",
+                                                  align_corners=False)
+                if self.coarse_residual:  # each patch's region of the coarse prediction, at F1's size
+                    residual = roi_align(g_logits, boxes.to(g_logits.dtype), f1.shape[-2:],
+                                         spatial_scale=g.shape[-1] / self.coarse_size, sampling_ratio=-1,
+                                         aligned=True)
         feats = [f1] if f2 is None else [f1, f2]
         parts = list(feats)
         if self.pooling:                    # pooling branch
@@ -310,7 +325,10 @@ class GlobalLocalNet(nn.Module):
         f6 = torch.cat(parts, 1)
         x = self.convs(self.reduce(f6))
         f7 = torch.cat([self.head1(x), self.head3(x)], 1)
-        logits = F.interpolate(self.classifier(f7), size=patches.shape[-2:], mode="bilinear", align_corners=False)
+        out = self.classifier(f7)
+        if residual is not None:
+            out = out + residual
+        logits = F.interpolate(out, size=patches.shape[-2:], mode="bilinear", align_corners=False)
         return logits if coarse_logits is None else (logits, coarse_logits)
 
     @property

@@ -49,7 +49,6 @@ BENCH_CONFIG = {
     "proposals": {"epochs": 2},
     "segmentation": {"epochs": 1, "options": {"width": 16}, "crop": 160, "batch_size": 8, "num_workers": 0},
     "max_rounds": 1,
-    "shard_size": 16,
 }
 
 #: the CPU stages of a round, in order (features are computed once per image, the others every round)

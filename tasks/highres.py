@@ -83,6 +83,9 @@ VARIANTS: dict[str, Variant] = {
     "gl_gate1": Variant(True, options={"global_weight": 1.0}, about="F2 times a learnable scalar starting at 1"),
     "gl_coarse_loss": Variant(True, options={"coarse_head": True}, coarse_loss=0.5,
                               about="+ a classifier on the coarse features, loss 0.5 x CE on the coarse image"),
+    "gl_coarse_residual": Variant(True, options={"coarse_head": True, "coarse_residual": True}, coarse_loss=1.0,
+                                  about="+ the coarse head's logits of the patch's region added to the patch's; "
+                                        "loss 1.0 x CE on the coarse image"),
 }
 DEFAULT_VARIANTS = ("global_local", "patch_only", "downsampled")
 

@@ -319,14 +319,14 @@ def preliminary_shard(run_dir: str, ids: list[str], round_index: int, key: str, 
     _worker_setup()
     store = Store(run_dir)
     r = round_index
-    if store.shard_done(r, "prelim", ids[0]):
+    if store.shard_done(r, "prelim", store.shard_name(ids)):
         return {"images": len(ids), "skipped": True}
     classes = store.classes()
     model, state = prelim_model(store, r)
     foreground = r == 0 and foreground_on(store, config)[0]
     for rec in records_by_id(store.manifest(), ids):
         preliminary_image(store, rec, r, model, state, classes, key, config, foreground)
-    store.mark_shard_done(r, "prelim", ids[0], {"images": len(ids)})
+    store.mark_shard_done(r, "prelim", store.shard_name(ids), {"images": len(ids)})
     run_log(f"round {r} preliminary result: {len(ids)} images from {ids[0]}")
     return {"images": len(ids), "skipped": False}
 
@@ -337,27 +337,29 @@ def pseudo_shard(run_dir: str, ids: list[str], round_index: int, key: str, cfg: 
     with the round's proposal classifier and (when the round has one) its MIL classifier."""
     _worker_setup()
     store = Store(run_dir)
-    done = store.shard_done(round_index, "pseudo", ids[0])
+    done = store.shard_done(round_index, "pseudo", store.shard_name(ids))
     if done:
         return done
     classes = store.classes()
     clf = store.read_classifier("proposal_classifier", round_index)["model"]
     mil_model = round_mil_model(store, round_index)
-    stats = []
+    # pixel counts summed over the shard: a result of the same size at any shard size (nothing per image)
+    totals = {"pixels": 0, "changed_pixels": 0, "reverted_pixels": 0, "ignore_pixels": 0}
     for rec in records_by_id(store.manifest(), ids):
         label = pseudo_image(store, rec, round_index, clf, mil_model, classes, key, cfg, seed, mil_weight)
         previous = store.pseudo(round_index - 1, rec.image_id) if round_index > 0 else \
             store.pseudo(0, rec.image_id, name="cam")
         before = (store.pseudo(round_index - 2, rec.image_id) if round_index > 1 else
                   store.pseudo(0, rec.image_id, name="cam") if round_index == 1 else None)
-        stats.append({"image_id": rec.image_id, "pixels": int(label.size),
-                      "changed": float(changed_share(label, previous)) if previous is not None else 1.0,
-                      "reverted": reverted_share(label, previous, before),
-                      "ignore": float(ignore_share(label))})
-    result = {"images": len(ids), "stats": stats}
-    store.mark_shard_done(round_index, "pseudo", ids[0], result)
+        n = int(label.size)
+        totals["pixels"] += n
+        totals["changed_pixels"] += round(changed_share(label, previous) * n) if previous is not None else n
+        totals["reverted_pixels"] += round(reverted_share(label, previous, before) * n)
+        totals["ignore_pixels"] += round(ignore_share(label) * n)
+    result = {"images": len(ids), **totals}
+    store.mark_shard_done(round_index, "pseudo", store.shard_name(ids), result)
     run_log(f"round {round_index} pseudo-labels: {len(ids)} images from {ids[0]}, changed share "
-            f"{sum(s['changed'] for s in stats) / max(len(stats), 1):.3f}")
+            f"{totals['changed_pixels'] / max(totals['pixels'], 1):.3f}")
     return result
 
 

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import time
 
-from tasks.config import WSSSConfig
+from tasks.config import NOT_IN_ROUNDS, WSSSConfig
 from tasks.feature_cache import compute_features
 from tasks.pipeline import _worker_setup, foreground_on, prelim_model, preliminary_image, pseudo_image
 from tasks.progress import run_log
@@ -34,7 +34,7 @@ def refresh_problem(store: Store, r: int, config: WSSSConfig) -> str | None:
                     f"{classes.n} classes): its models cannot label the new classes; run `wsseg train` to retrain")
         now = round_inputs(classes, [], config)["config"]
         fields = sorted(k for k in set(now) | set(recorded.get("config") or {})
-                        if now.get(k) != (recorded.get("config") or {}).get(k))
+                        if now.get(k) != (recorded.get("config") or {}).get(k) and k not in NOT_IN_ROUNDS)
         if fields:
             return (f"the configuration differs from round {r}'s (in: {', '.join(fields)}); run `wsseg train` "
                     "to compute the rounds with it")

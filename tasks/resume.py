@@ -79,7 +79,8 @@ def what_changed(previous: dict | None, current: dict) -> list[str]:
         out.append(f"the corpus content ({a.get('images')} -> {b.get('images')} images, manifest hash "
                    f"{a.get('hash')} -> {b.get('hash')})")
     a, b = previous.get("config") or {}, current.get("config") or {}
-    fields = sorted(k for k in set(a) | set(b) if a.get(k) != b.get(k))
+    # fields an older wsseg recorded that no round depends on (the shard size) are no change
+    fields = sorted(k for k in set(a) | set(b) if a.get(k) != b.get(k) and k not in NOT_IN_ROUNDS)
     if fields:
         out.append(f"the configuration (differs in: {', '.join(fields)})")
     return out

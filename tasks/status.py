@@ -1,7 +1,7 @@
 """Where a run directory stands, read from the store alone (``wsseg status``): nothing is started."""
 from __future__ import annotations
 
-from tasks.config import shard_size_for
+from tasks.config import WSSSConfig, shard_size_for
 from tasks.store import Store
 
 
@@ -76,7 +76,9 @@ def run_status(store: Store) -> dict:
     if unfinished:
         r = unfinished[-1]
         n = len(store.manifest(config.get("split", "train")))
-        size = shard_size_for(n, int(config.get("shard_size", 16)), int(config.get("max_shards", 2000)))
+        defaults = WSSSConfig.model_fields
+        size = shard_size_for(n, int(config.get("shard_size", defaults["shard_size"].default)),
+                              int(config.get("max_shards", defaults["max_shards"].default)))
         shards = -(-n // size)
         done = {stage: len(store.shard_markers(r, stage)) for stage in ("prelim", "pseudo")}
         out["in_progress"] = {"round": r, "shards": shards,

@@ -14,20 +14,36 @@ ROW_KEYS = ("round", "pseudo_label_miou", "pseudo_label_class_accuracy", "change
             "wall_seconds")
 
 
-def label_shares(stats: Sequence[dict]) -> tuple[float, float]:
-    """(changed share, ignore share) over every pixel of the per-image ``stats`` of
-    :func:`tasks.pipeline.pseudo_shard` (each with ``pixels``, ``changed``, ``ignore``)."""
-    pixels = sum(s["pixels"] for s in stats)
-    changed = sum(s["changed"] * s["pixels"] for s in stats) / pixels
-    ignored = sum(s["ignore"] * s["pixels"] for s in stats) / pixels
-    return changed, ignored
+def _pixel_counts(results: Sequence[dict]) -> dict[str, float]:
+    """Pixel counts summed over :func:`tasks.pipeline.pseudo_shard`'s shard results (``pixels``,
+    ``changed_pixels``, ``reverted_pixels``, ``ignore_pixels``); a shard finished by an older
+    wsseg, which returned per-image ``stats`` (shares), is counted from those."""
+    out = {"pixels": 0.0, "changed": 0.0, "reverted": 0.0, "ignore": 0.0}
+    for res in results:
+        if "stats" in res:
+            for s in res["stats"]:
+                out["pixels"] += s["pixels"]
+                for k in ("changed", "reverted", "ignore"):
+                    out[k] += s.get(k, 0.0) * s["pixels"]
+        else:
+            out["pixels"] += res["pixels"]
+            for k in ("changed", "reverted", "ignore"):
+                out[k] += res[f"{k}_pixels"]
+    return out
 
 
-def reverted_of(stats: Sequence[dict]) -> float:
-    """The share of all pixels that :func:`tasks.pipeline.pseudo_shard`'s per-image ``stats``
-    (``pixels``, ``reverted``) sent back to their label of two rounds before (0 without the key)."""
-    pixels = sum(s["pixels"] for s in stats)
-    return sum(s.get("reverted", 0.0) * s["pixels"] for s in stats) / max(pixels, 1)
+def label_shares(results: Sequence[dict]) -> tuple[float, float]:
+    """(changed share, ignore share) over every pixel of the pseudo-label shards' ``results``
+    (:func:`tasks.pipeline.pseudo_shard`)."""
+    c = _pixel_counts(results)
+    return c["changed"] / max(c["pixels"], 1), c["ignore"] / max(c["pixels"], 1)
+
+
+def reverted_of(results: Sequence[dict]) -> float:
+    """The share of all pixels that the pseudo-label shards' ``results`` sent back to their label
+    of two rounds before."""
+    c = _pixel_counts(results)
+    return c["reverted"] / max(c["pixels"], 1)
 
 
 def source_scores(confusions: Sequence[dict], class_names: Sequence[str]) -> dict[str, dict]:

@@ -366,3 +366,27 @@ def test_coarse_head_logits_and_loss():
     assert np.mean(losses[-3:]) < np.mean(losses[:3])
     with pytest.raises(ValueError, match="coarse_head"):
         hr.train_highres(images, masks, model=_tiny(), patch_size=32, steps=1, coarse_loss=0.5)
+
+
+def test_coarse_residual_adds_the_patch_region_of_the_coarse_prediction():
+    """With ``coarse_residual`` a patch's logits are its own plus the coarse head's logits of its
+    region: with the patch classifier silenced, a patch predicts exactly what the coarse image
+    says there (ROIAlign of the coarse logits, upsampled to the patch)."""
+    from models.roi_align import roi_align
+
+    model = _tiny(coarse_head=True, coarse_residual=True).eval()
+    patches, coarse = torch.randn(2, 3, 32, 32), torch.randn(1, 3, 32, 32)
+    boxes = torch.tensor([[0, 0, 0, 16, 16], [0, 8, 8, 24, 24.0]])
+    with torch.no_grad():
+        model.classifier.weight.zero_()
+        model.classifier.bias.zero_()
+        out = model.forward_patches(patches, coarse, boxes)
+        g = model.coarse_features(coarse)
+        region = roi_align(model.coarse_classifier(g), boxes, (8, 8), spatial_scale=g.shape[-1] / 32,
+                           sampling_ratio=-1, aligned=True)
+        want = torch.nn.functional.interpolate(region, size=(32, 32), mode="bilinear", align_corners=False)
+        torch.testing.assert_close(out, want)
+        # the whole-image path (patches cut, coarse features once, stitched) takes the same route
+        assert torch.isfinite(model(torch.randn(1, 3, 45, 50))).all()
+    with pytest.raises(ValueError, match="coarse_residual needs coarse_head"):
+        _tiny(coarse_residual=True)

@@ -137,3 +137,18 @@ def test_reverted_share_counts_changes_that_go_back():
     assert reverted_share(label, previous, None) == 0.0
     with pytest.raises(ValueError, match="same shape"):
         reverted_share(label, previous, before[:3])
+
+
+def test_round_shares_from_shard_pixel_counts_and_from_older_per_image_stats():
+    """The round's changed / ignore / reverted shares are pixel-weighted over the whole split:
+    from the pseudo-label shards' summed pixel counts, and equally from the per-image shares a
+    shard finished by an older wsseg recorded."""
+    from tasks.summary import label_shares, reverted_of
+
+    new = [{"images": 2, "pixels": 300, "changed_pixels": 30, "reverted_pixels": 3, "ignore_pixels": 60},
+           {"images": 1, "pixels": 100, "changed_pixels": 50, "reverted_pixels": 0, "ignore_pixels": 0}]
+    old = [{"images": 2, "stats": [{"image_id": "a", "pixels": 200, "changed": 0.1, "reverted": 0.015, "ignore": 0.3},
+                                   {"image_id": "b", "pixels": 100, "changed": 0.1, "reverted": 0.0, "ignore": 0.0}]},
+           new[1]]
+    assert label_shares(new) == (80 / 400, 60 / 400) and reverted_of(new) == 3 / 400
+    assert label_shares(old) == pytest.approx((80 / 400, 60 / 400)) and reverted_of(old) == pytest.approx(3 / 400)

@@ -82,6 +82,16 @@ def test_shard_markers(tmp_path):
     assert store.shard_done(0, "pseudo", "a") == {"images": 3}
 
 
+def test_a_shard_marker_counts_for_exactly_its_images(tmp_path):
+    """A round resumed with another shard size does not take the marker of a shard that began
+    with the same image for its own: the name covers every id of the shard."""
+    store = Store(tmp_path)
+    store.mark_shard_done(0, "prelim", Store.shard_name(["a", "b"]), {"images": 2})
+    assert store.shard_done(0, "prelim", Store.shard_name(["a", "b"])) == {"images": 2}
+    for other in (["a", "b", "c"], ["a"], ["a", "c"], ["b", "a"]):
+        assert store.shard_done(0, "prelim", Store.shard_name(other)) is None, other
+
+
 def _put(args):
     root, i = args
     Store(root).put_image(f"img{i}", np.full((4, 4, 3), i, np.uint8), f"sha{i}")

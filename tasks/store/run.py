@@ -713,6 +713,14 @@ class Store:
     def round_inputs(self, r: int) -> dict | None:
         return _read_json(self.round_dir(r) / "inputs.json")
 
+    @staticmethod
+    def shard_name(ids: Sequence[str]) -> str:
+        """The name of the shard of images ``ids`` (its first id, its size and a hash of all its
+        ids): a marker counts for exactly these images, so a round resumed with another shard
+        size computes its new shards instead of taking another shard's marker for theirs."""
+        digest = hashlib.sha256("\n".join(ids).encode()).hexdigest()[:10]
+        return f"{ids[0]}.{len(ids)}.{digest}"
+
     def shard_done(self, r: int, stage: str, shard: str) -> dict | None:
         """The result a finished shard recorded, or None (a damaged marker counts as not done)."""
         p = self.round_dir(r) / "done" / f"{stage}-{shard}.json"
