@@ -370,8 +370,11 @@ def plain_loop(store, records: Sequence, config, seed: int | None = None) -> dic
     from tasks.proposals import hierarchical_proposals
     from tasks.store import arrays_to_sparse, sparse_to_arrays
 
-    threads = torch.get_num_threads()
+    import cv2
+
+    threads, cv_threads = torch.get_num_threads(), cv2.getNumThreads()
     torch.set_num_threads(1)  # as on a worker (tasks.pipeline._worker_setup)
+    cv2.setNumThreads(1)
     fc, pc, seed = config.features, config.proposals, config.seed if seed is None else seed
     classes = store.classes()
     model, state = store.read_model("classifier")
@@ -424,6 +427,7 @@ def plain_loop(store, records: Sequence, config, seed: int | None = None) -> dic
                 hashes[rec.image_id] = _label_hash(label)
     finally:
         torch.set_num_threads(threads)
+        cv2.setNumThreads(cv_threads)
     return {"images": len(records), "cpu": clock.cpu, "wall": clock.wall, "hashes": hashes, "timed_functions": timed}
 
 

@@ -244,7 +244,12 @@ def pseudo_image(store: Store, rec: ImageRecord, r: int, clf, mil_model, classes
 # results: every array goes to the store.
 
 def _worker_setup() -> None:
+    """One thread per worker process, for torch and for OpenCV (whose pthreads pool otherwise
+    takes every core in each worker: two workers on two cores ran four threads)."""
+    import cv2
+
     torch.set_num_threads(1)
+    cv2.setNumThreads(1)
 
 
 def ingest_shard(run_dir: str, ids: list[str], items: dict[str, dict], n_classes: int | None = None,
