@@ -161,7 +161,8 @@ class GlobalLocalNet(nn.Module):
         Add a classifier on the coarse features (:meth:`coarse_logits`, auxiliary loss).
     coarse_residual : bool
         Add the coarse head's logits of each patch's region to the patch's logits (needs
-        ``coarse_head``).
+        ``coarse_head``); the patch classifier then starts at zero, so that the network starts
+        as the coarse prediction and the patches learn a correction of it.
     """
 
     def __init__(self, num_classes: int, in_channels: int = 3, *, patch_size: int = 512, width: int = 32,
@@ -210,6 +211,9 @@ class GlobalLocalNet(nn.Module):
         self.head1 = _conv_bn_relu(c, c // 2, 1, 1, norm_layer)
         self.head3 = _conv_bn_relu(c, c - c // 2, 3, 1, norm_layer)
         self.classifier = nn.Conv2d(c, num_classes, 1)
+        if coarse_residual:  # the patches start as the coarse prediction of their region and learn a correction
+            nn.init.zeros_(self.classifier.weight)
+            nn.init.zeros_(self.classifier.bias)
 
     # -- building blocks -------------------------------------------------------------
     @staticmethod

@@ -377,9 +377,8 @@ def test_coarse_residual_adds_the_patch_region_of_the_coarse_prediction():
     model = _tiny(coarse_head=True, coarse_residual=True).eval()
     patches, coarse = torch.randn(2, 3, 32, 32), torch.randn(1, 3, 32, 32)
     boxes = torch.tensor([[0, 0, 0, 16, 16], [0, 8, 8, 24, 24.0]])
+    assert not model.classifier.weight.any() and not model.classifier.bias.any()  # starts silent
     with torch.no_grad():
-        model.classifier.weight.zero_()
-        model.classifier.bias.zero_()
         out = model.forward_patches(patches, coarse, boxes)
         g = model.coarse_features(coarse)
         region = roi_align(model.coarse_classifier(g), boxes, (8, 8), spatial_scale=g.shape[-1] / 32,
