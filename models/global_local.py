@@ -170,7 +170,7 @@ class GlobalLocalNet(nn.Module):
                  use_global: bool = True, overlap: int = 0, patch_batch: int = 4,
                  norm_layer: Callable[[int], nn.Module] | None = None, pooling: bool = True,
                  spatial: bool = True, coarse_size: int | None = None, global_weight: float | None = None,
-                 coarse_head: bool = False, coarse_residual: bool = False) -> None:
+                 coarse_head: bool = False, coarse_residual: bool = False, residual_gate: bool = False) -> None:
         super().__init__()
         if coarse_residual and not (coarse_head and use_global):
             raise ValueError("coarse_residual needs coarse_head=True and use_global=True")
@@ -214,6 +214,10 @@ class GlobalLocalNet(nn.Module):
         if coarse_residual:  # the patches start as the coarse prediction of their region and learn a correction
             nn.init.zeros_(self.classifier.weight)
             nn.init.zeros_(self.classifier.bias)
+        if residual_gate:  # a learnt weight per class of the coarse logits, starting at 1
+            if not coarse_residual:
+                raise ValueError("residual_gate needs coarse_residual=True")
+            self.residual_weight = nn.Parameter(torch.ones(num_classes, 1, 1))
 
     # -- building blocks -------------------------------------------------------------
     @staticmethod
@@ -331,7 +335,7 @@ class GlobalLocalNet(nn.Module):
         f7 = torch.cat([self.head1(x), self.head3(x)], 1)
         out = self.classifier(f7)
         if residual is not None:
-            out = out + residual
+            out = out + (residual * self.residual_weight if hasattr(self, "residual_weight") else residual)
         logits = F.interpolate(out, size=patches.shape[-2:], mode="bilinear", align_corners=False)
         return logits if coarse_logits is None else (logits, coarse_logits)
 

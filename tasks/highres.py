@@ -86,6 +86,9 @@ VARIANTS: dict[str, Variant] = {
     "gl_coarse_residual": Variant(True, options={"coarse_head": True, "coarse_residual": True}, coarse_loss=1.0,
                                   about="+ the coarse head's logits of the patch's region added to the patch's; "
                                         "loss 1.0 x CE on the coarse image"),
+    "gl_coarse_residual_gate": Variant(True, options={"coarse_head": True, "coarse_residual": True,
+                                                      "residual_gate": True}, coarse_loss=1.0,
+                                       about="gl_coarse_residual with a learnt weight per class of the coarse logits"),
 }
 DEFAULT_VARIANTS = ("global_local", "patch_only", "downsampled")
 

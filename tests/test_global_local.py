@@ -389,3 +389,18 @@ def test_coarse_residual_adds_the_patch_region_of_the_coarse_prediction():
         assert torch.isfinite(model(torch.randn(1, 3, 45, 50))).all()
     with pytest.raises(ValueError, match="coarse_residual needs coarse_head"):
         _tiny(coarse_residual=True)
+
+
+def test_residual_gate_starts_at_one():
+    """``residual_gate``: a learnt weight per class of the coarse logits, 1 at the start (the
+    network starts as ``coarse_residual`` alone)."""
+    gated, plain = _tiny(coarse_head=True, coarse_residual=True, residual_gate=True), \
+        _tiny(coarse_head=True, coarse_residual=True)
+    assert tuple(gated.residual_weight.shape) == (3, 1, 1) and bool((gated.residual_weight == 1).all())
+    patches, coarse = torch.randn(2, 3, 32, 32), torch.randn(1, 3, 32, 32)
+    boxes = torch.tensor([[0, 0, 0, 16, 16], [0, 8, 8, 24, 24.0]])
+    with torch.no_grad():
+        torch.testing.assert_close(gated.forward_patches(patches, coarse, boxes),
+                                   plain.forward_patches(patches, coarse, boxes))
+    with pytest.raises(ValueError, match="residual_gate needs coarse_residual"):
+        _tiny(coarse_head=True, residual_gate=True)
