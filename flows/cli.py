@@ -595,6 +595,8 @@ def main(argv: list[str] | None = None) -> int:
             _record_error(run_dir, args, lost)
         if lost is not None and not verbose:
             url = os.environ.get("PREFECT_API_URL", "the Prefect API")
+            # Prefect's API log handler ends its own complaint without a newline: ours starts a line
+            print(file=sys.stderr)
             print(f"wsseg: error: {url} stopped answering ({type(lost).__name__}: {str(lost)[:200]}); the states and "
                   f"logs of the flow and task runs from then on could not be recorded in Prefect. Every shard, "
                   f"checkpoint and round finished before is kept in {run_dir}: run the same command again, with "
