@@ -365,8 +365,7 @@ def plain_loop(store, records: Sequence, config, seed: int | None = None) -> dic
     from tasks.edges import feature_region_map
     from tasks.feature_cache import ImageFeatures, proposal_inputs
     from tasks.features import superpixel_features
-    from tasks.proposal_classifier import (combine_evidence, predict_proposals, round_mil_model, sp_evidence,
-                                           superpixel_scores)
+    from tasks.proposal_classifier import predict_proposals, round_mil_model
     from tasks.proposals import hierarchical_proposals
     from tasks.store import arrays_to_sparse, sparse_to_arrays
 
@@ -413,16 +412,7 @@ def plain_loop(store, records: Sequence, config, seed: int | None = None) -> dic
                     with clock("pseudo_labels.proposal_scores"):
                         pprob = predict_proposals(clf, proposal_inputs(f), allowed)
                     with clock("pseudo_labels.mil_evidence"):
-                        sp_prelim = None
-                        if mil_model is not None:
-                            sp_prelim = sp_evidence(f, prelim, allowed, mil_model, config.mil.prior_weight)
-                            prelim = spx.paint(sp_prelim, f.superpixels)
-                        if pc.evidence == "combined":
-                            if sp_prelim is None:
-                                sp_prelim = spx.pool(prelim, f.superpixels, n=len(f.sp_areas), channel_axis=0)
-                            mixed = combine_evidence(sp_prelim, superpixel_scores(pprob, f.membership), allowed,
-                                                     weight=pc.evidence_weight)
-                            prelim = spx.paint(mixed, f.superpixels)
+                        prelim = pl.pseudo_evidence(f, prelim, pprob, allowed, mil_model, pc, config.mil.prior_weight)
                     label, _ = pl.make_pseudo_label(image, f, pprob, prelim, classes, rec.tags, pc, seed)
                 hashes[rec.image_id] = _label_hash(label)
     finally:

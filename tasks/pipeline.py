@@ -212,16 +212,11 @@ def preliminary_image(store: Store, rec: ImageRecord, r: int, model: torch.nn.Mo
     store.write_prelim(r, rec.image_id, prob[idx], idx)
 
 
-def pseudo_image(store: Store, rec: ImageRecord, r: int, clf, mil_model, classes: ClassSpec, key: str, cfg: ProposalConfig,
-                 seed: int, mil_weight: float = 0.0) -> np.ndarray:
-    """Steps 5-7 for one image with round ``r``'s proposal classifier ``clf`` and MIL classifier
-    (``mil_model``, None when the round has none): its (H, W) uint8 pseudo-label, also written to
-    the store."""
-    image = store.image(rec.image_id)
-    f = load_features(store, rec, key)
-    prelim = store.prelim(r, rec.image_id, classes.n)
-    allowed = classes.tag_vector(rec.tags)
-    prob = predict_proposals(clf, proposal_inputs(f), allowed)
+def pseudo_evidence(f: ImageFeatures, prelim: np.ndarray, prob: np.ndarray, allowed: np.ndarray, mil_model,
+                    cfg: ProposalConfig, mil_weight: float = 0.0) -> np.ndarray:
+    """The (K, H, W) evidence fusion starts from: the preliminary result refined by the round's
+    MIL classifier (when it has one), mixed with the proposal scores per superpixel when
+    ``cfg.evidence == "combined"``."""
     sp_prelim = None
     if mil_model is not None:
         sp_prelim = sp_evidence(f, prelim, allowed, mil_model, mil_weight)
@@ -232,6 +227,20 @@ def pseudo_image(store: Store, rec: ImageRecord, r: int, clf, mil_model, classes
         mixed = combine_evidence(sp_prelim, superpixel_scores(prob, f.membership), allowed,
                                  weight=cfg.evidence_weight)
         prelim = spx.paint(mixed, f.superpixels)
+    return prelim
+
+
+def pseudo_image(store: Store, rec: ImageRecord, r: int, clf, mil_model, classes: ClassSpec, key: str, cfg: ProposalConfig,
+                 seed: int, mil_weight: float = 0.0) -> np.ndarray:
+    """Steps 5-7 for one image with round ``r``'s proposal classifier ``clf`` and MIL classifier
+    (``mil_model``, None when the round has none): its (H, W) uint8 pseudo-label, also written to
+    the store."""
+    image = store.image(rec.image_id)
+    f = load_features(store, rec, key)
+    prelim = store.prelim(r, rec.image_id, classes.n)
+    allowed = classes.tag_vector(rec.tags)
+    prob = predict_proposals(clf, proposal_inputs(f), allowed)
+    prelim = pseudo_evidence(f, prelim, prob, allowed, mil_model, cfg, mil_weight)
     label, _ = make_pseudo_label(image, f, prob, prelim, classes, rec.tags, cfg, seed)
     store.write_pseudo(r, rec.image_id, label)
     return label
