@@ -1,4 +1,5 @@
 """Test set-up: keep Prefect, Dask and MLflow state in a temporary directory, offline."""
+import contextlib
 import os
 import shutil
 import tempfile
@@ -63,3 +64,19 @@ def one_torch_thread():
     torch.set_num_threads(1)
     yield
     torch.set_num_threads(threads)
+
+
+@contextlib.contextmanager
+def harness_cluster(tmp_path_factory, workers: int = 2):
+    """A LocalCluster of ``workers`` whose workers report to the Prefect API of
+    ``prefect_harness`` (its URL exported while they start and run); yields its address."""
+    from prefect.settings import PREFECT_API_URL
+
+    from flows.runtime import dask_cluster
+
+    os.environ["PREFECT_API_URL"] = PREFECT_API_URL.value()
+    try:
+        with dask_cluster(None, workers, tmp_path_factory.mktemp("dask")) as address:
+            yield address
+    finally:
+        os.environ.pop("PREFECT_API_URL", None)

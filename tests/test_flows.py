@@ -6,7 +6,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from conftest import copy_sample
+from conftest import copy_sample, harness_cluster
 
 # 16 sample photos with two or more tags (co-occurring classes are the hard part)
 E2E_IDS = ["11_21_s", "12_25_s", "12_27_s", "12_33_s", "12_6_s", "12_8_s", "14_13_s", "14_29_s",
@@ -16,18 +16,8 @@ E2E_IDS = ["11_21_s", "12_25_s", "12_27_s", "12_33_s", "12_6_s", "12_8_s", "14_1
 @pytest.fixture(scope="module")
 def cluster(prefect_harness, tmp_path_factory):
     """A two-worker LocalCluster whose workers report to the harness's Prefect API."""
-    import os
-
-    from prefect.settings import PREFECT_API_URL
-
-    from flows.runtime import dask_cluster
-
-    os.environ["PREFECT_API_URL"] = PREFECT_API_URL.value()
-    try:
-        with dask_cluster(None, 2, tmp_path_factory.mktemp("dask")) as address:
-            yield address
-    finally:
-        os.environ.pop("PREFECT_API_URL", None)
+    with harness_cluster(tmp_path_factory) as address:
+        yield address
 
 
 def test_ingest_reports_bad_files_and_writes_nothing(tmp_path, prefect_harness, cluster):

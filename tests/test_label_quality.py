@@ -7,6 +7,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from conftest import harness_cluster
+
 from tasks.config import WSSSConfig
 from tasks.foreground import (box_grabcut, boundary_saliency, contrast_warnings, foreground_active,
                               foreground_probs, tag_statistics)
@@ -141,18 +143,8 @@ def test_stopping_decisions_known_by_construction():
 # ---------------------------------------------------------------------------- end to end
 @pytest.fixture(scope="module")
 def cluster(prefect_harness, tmp_path_factory):
-    import os
-
-    from prefect.settings import PREFECT_API_URL
-
-    from flows.runtime import dask_cluster
-
-    os.environ["PREFECT_API_URL"] = PREFECT_API_URL.value()
-    try:
-        with dask_cluster(None, 2, tmp_path_factory.mktemp("dask")) as address:
-            yield address
-    finally:
-        os.environ.pop("PREFECT_API_URL", None)
+    with harness_cluster(tmp_path_factory) as address:
+        yield address
 
 
 def _artifact(key: str) -> str:

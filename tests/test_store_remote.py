@@ -13,7 +13,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from conftest import copy_sample
+from conftest import copy_sample, harness_cluster
 
 ROOT = Path(__file__).resolve().parents[1]
 WSSEG = [sys.executable, "-m", "flows.cli"]
@@ -78,16 +78,8 @@ def s3(tmp_path_factory):
 def cluster(s3, prefect_harness, tmp_path_factory):
     """A two-worker LocalCluster (started after the store's options are set) reporting to the
     harness's Prefect API."""
-    from prefect.settings import PREFECT_API_URL
-
-    from flows.runtime import dask_cluster
-
-    os.environ["PREFECT_API_URL"] = PREFECT_API_URL.value()
-    try:
-        with dask_cluster(None, 2, tmp_path_factory.mktemp("dask")) as address:
-            yield address
-    finally:
-        os.environ.pop("PREFECT_API_URL", None)
+    with harness_cluster(tmp_path_factory) as address:
+        yield address
 
 
 def test_ingest_and_a_round_on_s3_match_a_local_run(tmp_path, s3, cluster, one_torch_thread, monkeypatch):
