@@ -30,7 +30,8 @@ classifier on the coarse feature map G, whose logits :meth:`forward_patches` ret
 (``with_coarse``) for an auxiliary loss on the coarse image; ``coarse_residual`` (with
 ``coarse_head``) adds that head's logits of each patch's region (ROIAlign of the coarse logits,
 at F1's size) to the patch's logits, so that the network predicts what the whole image resized
-says, corrected by what the patch shows.
+says, corrected by what the patch shows; ``coarse_backbone`` gives the coarse image a backbone of
+its own.
 """
 
 from __future__ import annotations
@@ -161,8 +162,18 @@ class GlobalLocalNet(nn.Module):
         Add a classifier on the coarse features (:meth:`coarse_logits`, auxiliary loss).
     coarse_residual : bool
         Add the coarse head's logits of each patch's region to the patch's logits (needs
-        ``coarse_head``); the patch classifier then starts at zero, so that the network starts
-        as the coarse prediction and the patches learn a correction of it.
+        ``coarse_head``); the patch classifier then starts at zero (``residual_init``), so that the
+        network starts as the coarse prediction and the patches learn a correction of it.
+    residual_gate : bool
+        A learnt weight per class of the coarse logits in ``coarse_residual``, starting at 1.
+    coarse_backbone : bool
+        The coarse image goes through a backbone of its own (same architecture, its own weights,
+        as the global branch of GLNet, Chen et al. 2019) instead of the patches' backbone, so an
+        auxiliary loss on the coarse image does not pull the patches' features towards what the
+        coarse image can show.
+    residual_init : {"zero", "random"}
+        The patch classifier's start with ``coarse_residual``: zero (the network starts as the coarse
+        prediction) or PyTorch's default random initialisation.
     """
 
     def __init__(self, num_classes: int, in_channels: int = 3, *, patch_size: int = 512, width: int = 32,
@@ -170,10 +181,15 @@ class GlobalLocalNet(nn.Module):
                  use_global: bool = True, overlap: int = 0, patch_batch: int = 4,
                  norm_layer: Callable[[int], nn.Module] | None = None, pooling: bool = True,
                  spatial: bool = True, coarse_size: int | None = None, global_weight: float | None = None,
-                 coarse_head: bool = False, coarse_residual: bool = False, residual_gate: bool = False) -> None:
+                 coarse_head: bool = False, coarse_residual: bool = False, residual_gate: bool = False,
+                 coarse_backbone: bool = False, residual_init: str = "zero") -> None:
         super().__init__()
         if coarse_residual and not (coarse_head and use_global):
             raise ValueError("coarse_residual needs coarse_head=True and use_global=True")
+        if coarse_backbone and not use_global:
+            raise ValueError("coarse_backbone needs use_global=True")
+        if residual_init not in ("zero", "random"):
+            raise ValueError(f"residual_init must be 'zero' or 'random', got {residual_init!r}")
         if num_classes < 1:
             raise ValueError(f"num_classes must be >= 1, got {num_classes}")
         if patch_size < 8 or patch_size % 4:
@@ -193,6 +209,8 @@ class GlobalLocalNet(nn.Module):
         self.coarse_residual = coarse_residual
         c = width
         self.backbone = CompactHRNet(in_channels, width, blocks, norm_layer)
+        if coarse_backbone:  # the coarse image gets its own weights (GLNet's global branch)
+            self.coarse_backbone = CompactHRNet(in_channels, width, blocks, norm_layer)
         self.stride = self.backbone.stride
         # spatial branch: n convolutions of different kernel sizes on the avg/max maps
         n_maps = 4 if use_global else 2
@@ -211,7 +229,7 @@ class GlobalLocalNet(nn.Module):
         self.head1 = _conv_bn_relu(c, c // 2, 1, 1, norm_layer)
         self.head3 = _conv_bn_relu(c, c - c // 2, 3, 1, norm_layer)
         self.classifier = nn.Conv2d(c, num_classes, 1)
-        if coarse_residual:  # the patches start as the coarse prediction of their region and learn a correction
+        if coarse_residual and residual_init == "zero":  # the patches start as the coarse prediction of their region
             nn.init.zeros_(self.classifier.weight)
             nn.init.zeros_(self.classifier.bias)
         if residual_gate:  # a learnt weight per class of the coarse logits, starting at 1
@@ -229,7 +247,7 @@ class GlobalLocalNet(nn.Module):
 
     def coarse_features(self, coarse: Tensor) -> Tensor:
         """Backbone features of the coarse images: (B, C, p/4, p/4)."""
-        return self.backbone(coarse)
+        return self.coarse_backbone(coarse) if hasattr(self, "coarse_backbone") else self.backbone(coarse)
 
     def local_global_features(self, patches: Tensor, coarse: Tensor | None = None, boxes: Tensor | None = None,
                               *, coarse_feats: Tensor | None = None) -> tuple[Tensor, Tensor | None]:
@@ -250,8 +268,8 @@ class GlobalLocalNet(nn.Module):
         if coarse_feats is not None:
             return self.backbone(patches), coarse_feats
         coarse = coarse.to(patches.dtype)
-        if coarse.shape[-1] != patches.shape[-1]:
-            return self.backbone(patches), self.backbone(coarse)
+        if coarse.shape[-1] != patches.shape[-1] or hasattr(self, "coarse_backbone"):
+            return self.backbone(patches), self.coarse_features(coarse)
         both = self.backbone(torch.cat([patches, coarse]))
         return both[:patches.shape[0]], both[patches.shape[0]:]
 
@@ -265,7 +283,7 @@ class GlobalLocalNet(nn.Module):
         """(B, K, c, c) logits of the coarse images from the coarse head (``coarse_head=True``)."""
         if not hasattr(self, "coarse_classifier"):
             raise ValueError("coarse_logits needs a model built with coarse_head=True")
-        logits = self.coarse_classifier(self.backbone(coarse))
+        logits = self.coarse_classifier(self.coarse_features(coarse))
         return F.interpolate(logits, size=coarse.shape[-2:], mode="bilinear", align_corners=False)
 
     def forward_patches(self, patches: Tensor, coarse: Tensor | None = None, boxes: Tensor | None = None, *,

@@ -42,8 +42,9 @@ from tasks.memory import status_kb
 from tasks.store import files
 from tasks.training import BatchSource
 
-__all__ = ["reduce_mask", "upsample_labels", "load_split", "load_images", "dataset_classes", "PatchBatches",
-           "train_highres", "confusion", "vessel_scores", "class_scores", "predict", "BenchData", "load_bench_data",
+__all__ = ["reduce_mask", "reduce_fractions", "soft_cross_entropy", "upsample_labels", "load_split", "load_images",
+           "dataset_classes", "PatchBatches", "train_highres", "confusion", "vessel_scores", "class_scores", "predict",
+           "BenchData", "load_bench_data",
            "Variant", "VARIANTS", "DEFAULT_VARIANTS", "train_variant", "evaluate_variant", "save_bench_model",
            "write_overlay", "measure_segment_memory"]
 
@@ -61,6 +62,7 @@ class Variant:
     mode: str = "patches"
     options: dict = field(default_factory=dict)
     coarse_loss: float = 0.0
+    coarse_targets: str = "hard"
     about: str = ""
 
     @property
@@ -86,6 +88,22 @@ VARIANTS: dict[str, Variant] = {
     "gl_coarse_residual": Variant(True, options={"coarse_head": True, "coarse_residual": True}, coarse_loss=1.0,
                                   about="+ the coarse head's logits of the patch's region added to the patch's; "
                                         "loss 1.0 x CE on the coarse image"),
+    "gl_coarse_loss_soft": Variant(True, options={"coarse_head": True}, coarse_loss=0.5, coarse_targets="soft",
+                                   about="gl_coarse_loss against each coarse pixel's class fractions "
+                                         "(a vessel thinner than a coarse pixel keeps its share)"),
+    "gl_coarse_residual_soft": Variant(True, options={"coarse_head": True, "coarse_residual": True}, coarse_loss=1.0,
+                                       coarse_targets="soft", about="gl_coarse_residual against class fractions"),
+    "gl_two_backbones": Variant(True, options={"coarse_head": True, "coarse_residual": True, "coarse_backbone": True},
+                                coarse_loss=1.0, about="gl_coarse_residual with a backbone of its own for the "
+                                                       "coarse image"),
+    "gl_two_backbones_soft": Variant(True, options={"coarse_head": True, "coarse_residual": True,
+                                                    "coarse_backbone": True, "residual_init": "random"},
+                                     coarse_loss=1.0, coarse_targets="soft",
+                                     about="gl_two_backbones against class fractions, patch classifier started "
+                                           "at random"),
+    "gl_residual_e2e": Variant(True, options={"coarse_head": True, "coarse_residual": True},
+                               about="the coarse head's logits of the patch's region added to the patch's, the "
+                                     "coarse head trained only through the patch loss (no coarse loss)"),
     "gl_coarse_residual_gate": Variant(True, options={"coarse_head": True, "coarse_residual": True,
                                                       "residual_gate": True}, coarse_loss=1.0,
                                        about="gl_coarse_residual with a learnt weight per class of the coarse logits"),
@@ -125,6 +143,27 @@ def reduce_mask(mask: np.ndarray, shape: tuple[int, int]) -> np.ndarray:
         vessel = cv2.resize((mask == 1).astype(np.float32), size, interpolation=cv2.INTER_AREA)
         out = (vessel >= 0.5 * np.maximum(valid, 1e-6)).astype(np.uint8)
     out[valid < 0.5] = 255
+    return out
+
+
+def reduce_fractions(mask: np.ndarray, shape: tuple[int, int], num_classes: int) -> np.ndarray:
+    """Each class's share of the annotated area of every pixel of a label mask reduced to ``shape``.
+
+    Returns a (num_classes, H, W) float32 array whose columns sum to 1 where at least half of a
+    reduced pixel's area is annotated and are all 0 elsewhere (ignored). Unlike
+    :func:`reduce_mask`, a class thinner than a reduced pixel (a vessel in a coarse retina image)
+    keeps its share instead of vanishing into the class around it.
+    """
+    import cv2
+    if mask.ndim != 2 or num_classes < 1:
+        raise ValueError(f"mask must be (H, W) and num_classes >= 1, got {mask.shape}, {num_classes}")
+    size = (shape[1], shape[0])
+    valid = cv2.resize((mask != 255).astype(np.float32), size, interpolation=cv2.INTER_AREA)
+    out = np.zeros((num_classes,) + tuple(shape), np.float32)
+    for k in np.flatnonzero(np.bincount(mask.ravel(), minlength=256)[:num_classes]):
+        out[k] = cv2.resize((mask == k).astype(np.float32), size, interpolation=cv2.INTER_AREA)
+    out /= np.maximum(valid, 1e-6)
+    out[:, valid < 0.5] = 0.0
     return out
 
 
@@ -234,14 +273,23 @@ class PatchBatches(BatchSource):
 
     def __init__(self, images: Sequence[np.ndarray], masks: Sequence[np.ndarray], *, patch_size: int, steps: int,
                  batch: int, seed: int, use_global: bool, balanced: float = 0.0, images_per_batch: int = 2,
-                 coarse_size: int | None = None, coarse_targets: bool = False):
+                 coarse_size: int | None = None, coarse_targets: bool | str = False, num_classes: int | None = None):
         from models.global_local import coarse_image
+        if coarse_targets not in (False, True, "hard", "soft"):
+            raise ValueError(f"coarse_targets must be False, 'hard' or 'soft', got {coarse_targets!r}")
+        if coarse_targets == "soft" and not num_classes:
+            raise ValueError("soft coarse targets need num_classes")
         self.images, self.masks, self.p, self.batch = images, masks, patch_size, batch
         self.steps_per_epoch, self.seed, self.balanced, self.images_per_batch = steps, seed, balanced, images_per_batch
         self.c = int(coarse_size or patch_size)
         self.coarse = [coarse_image(im, self.c) for im in images] if use_global else None
-        self.coarse_masks = [reduce_mask(m, (self.c, self.c)) for m in masks] if use_global and coarse_targets \
-            else None
+        self.soft = coarse_targets == "soft"
+        if not (use_global and coarse_targets):
+            self.coarse_masks = None
+        elif self.soft:
+            self.coarse_masks = [reduce_fractions(m, (self.c, self.c), num_classes) for m in masks]
+        else:
+            self.coarse_masks = [reduce_mask(m, (self.c, self.c)) for m in masks]
         self.fg = [np.flatnonzero((m > 0) & (m != 255)).astype(np.int64) for m in masks] if balanced > 0 else None
 
     def batches(self, start_epoch: int, epochs: int):
@@ -278,13 +326,15 @@ class PatchBatches(BatchSource):
                 if coarse is not None:
                     coarses.append(coarse[k][sl])
                     if self.coarse_masks is not None:
-                        coarse_targets.append(self.coarse_masks[k][sl])
+                        coarse_targets.append(self.coarse_masks[k][(Ellipsis,) + sl])
             x = {"patches": normalize(np.stack(patches))}
             if coarse is not None:
                 x["coarse"] = normalize(np.stack(coarses))
                 x["boxes"] = torch.tensor(boxes, dtype=torch.float32)
             y = torch.from_numpy(np.stack(targets).astype(np.int64))
-            if coarse_targets:
+            if coarse_targets and self.soft:
+                y = _pack_soft_targets(y, torch.from_numpy(np.ascontiguousarray(np.stack(coarse_targets))))
+            elif coarse_targets:
                 y = _pack_targets(y, torch.from_numpy(np.stack(coarse_targets).astype(np.int64)))
             yield x, y
 
@@ -297,6 +347,46 @@ def _pack_targets(patch_targets, coarse_targets):
     out[:len(patch_targets), :patch_targets.shape[-2], :patch_targets.shape[-1]] = patch_targets
     out[len(patch_targets):, :coarse_targets.shape[-2], :coarse_targets.shape[-1]] = coarse_targets
     return out
+
+
+def _pack_soft_targets(patch_targets, coarse_fractions):
+    """One (N + B, 1 + K, side, side) float target tensor: channel 0 of the first N rows holds the
+    patches' class indices (255 = ignore, 255-padded), channels 1.. of the last B rows each coarse
+    image's class fractions (:func:`reduce_fractions`, 0-padded)."""
+    import torch
+    n, b, k = len(patch_targets), len(coarse_fractions), coarse_fractions.shape[1]
+    side = max(patch_targets.shape[-1], coarse_fractions.shape[-1])
+    out = torch.zeros((n + b, 1 + k, side, side), dtype=torch.float32)
+    out[:, 0] = 255
+    out[:n, 0, :patch_targets.shape[-2], :patch_targets.shape[-1]] = patch_targets.float()
+    out[n:, 1:, :coarse_fractions.shape[-2], :coarse_fractions.shape[-1]] = coarse_fractions
+    return out
+
+
+def soft_cross_entropy(logits, fractions, class_weights=None):
+    """Cross-entropy against class fractions (B, K, h, w), weighted per class like
+    :func:`tasks.training.segmentation_loss`: sum over pixels and classes of ``w_k q_k (-log p_k)``
+    over the sum of ``w_k q_k``; pixels whose fractions are all 0 are ignored. With one-hot
+    fractions it equals the weighted cross-entropy of the hard labels."""
+    import torch
+    w = fractions if class_weights is None else \
+        fractions * torch.as_tensor(class_weights, dtype=logits.dtype, device=logits.device).view(1, -1, 1, 1)
+    total = w.sum()
+    if total <= 0:
+        return logits.sum() * 0.0
+    return -(w * torch.log_softmax(logits, 1)).sum() / total
+
+
+def _loss_with_soft_coarse(class_weights, weight: float, n_patches: int, p: int, c: int):
+    """Cross-entropy of the patches + ``weight`` x :func:`soft_cross_entropy` of the coarse images
+    (targets packed by :func:`_pack_soft_targets`)."""
+    from tasks import training as tr
+    ce = tr.segmentation_loss(class_weights)
+
+    def loss(out, y):
+        return ce(out[:n_patches, :, :p, :p], y[:n_patches, 0, :p, :p].long()) + \
+            weight * soft_cross_entropy(out[n_patches:, :, :c, :c], y[n_patches:, 1:, :c, :c], class_weights)
+    return loss
 
 
 def _forward_patches(model, x: dict):
@@ -328,7 +418,7 @@ def train_highres(images: Sequence[np.ndarray], masks: Sequence[np.ndarray], *, 
                   steps: int, batch: int = 4, lr: float = 2e-3, seed: int = 0, device: str = "cpu",
                   log: Callable[[dict], None] | None = None, balanced: float = 0.0,
                   class_weights: Sequence[float] | None = None, images_per_batch: int = 2,
-                  log_every: int = 10, coarse_loss: float = 0.0):
+                  log_every: int = 10, coarse_loss: float = 0.0, coarse_targets: str = "hard"):
     """Train a global-local network on random patches of annotated images (:class:`PatchBatches`)
     with :func:`tasks.training.fit`: cross-entropy ignoring 255 (a batch with no annotated pixel
     is skipped), AdamW with 5 % linear warm-up and cosine decay, ``steps`` steps.
@@ -363,6 +453,10 @@ def train_highres(images: Sequence[np.ndarray], masks: Sequence[np.ndarray], *, 
     coarse_loss : float
         Weight of an auxiliary cross-entropy on the coarse images (their masks reduced to the
         coarse size); needs a model built with ``coarse_head=True``.
+    coarse_targets : {"hard", "soft"}
+        The coarse images' targets: the reduced masks (:func:`reduce_mask`, the class covering
+        most of each coarse pixel) or each coarse pixel's class fractions (:func:`reduce_fractions`,
+        loss :func:`soft_cross_entropy`).
 
     Returns
     -------
@@ -396,11 +490,15 @@ def train_highres(images: Sequence[np.ndarray], masks: Sequence[np.ndarray], *, 
     c = getattr(model, "coarse_size", patch_size)
     source = PatchBatches(images, masks, patch_size=patch_size, steps=steps, batch=batch, seed=seed,
                           use_global=model.use_global, balanced=balanced, images_per_batch=images_per_batch,
-                          coarse_size=c, coarse_targets=bool(coarse_loss))
+                          coarse_size=c, coarse_targets=coarse_targets if coarse_loss else False,
+                          num_classes=model.num_classes)
     cfg = tr.TrainConfig(epochs=1, batch_size=batch, lr=lr, weight_decay=1e-4, seed=seed, device=device,
                          patience=10 ** 9, schedule="warmup_cosine", skip_unlabelled=True,
                          class_weights=class_weights)
-    if coarse_loss:
+    if coarse_loss and coarse_targets == "soft":
+        loss_fn = _loss_with_soft_coarse(class_weights, coarse_loss, batch, patch_size, c)
+        forward = _forward_with_coarse
+    elif coarse_loss:
         loss_fn, forward = _loss_with_coarse(class_weights, coarse_loss, batch, patch_size, c), _forward_with_coarse
     else:
         loss_fn, forward = tr.segmentation_loss(class_weights), _forward_patches
@@ -574,6 +672,7 @@ def train_variant(name: str, data: BenchData, *, options: dict, steps: int, batc
                                   batch=batch, lr=lr, seed=seed, device=device, balanced=balanced,
                                   class_weights=class_weights, log_every=max(1, steps // 5),
                                   images_per_batch=images_per_batch, coarse_loss=variant.coarse_loss,
+                                  coarse_targets=variant.coarse_targets,
                                   log=lambda d: log(f"  {name} step {d['step']}: loss {d['loss']:.4f} "
                                                     f"({d['seconds']} s)"))
     return model, opts, {f"{name}_train_seconds": round(time.perf_counter() - t, 1),

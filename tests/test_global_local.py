@@ -404,3 +404,30 @@ def test_residual_gate_starts_at_one():
                                    plain.forward_patches(patches, coarse, boxes))
     with pytest.raises(ValueError, match="residual_gate needs coarse_residual"):
         _tiny(coarse_head=True, residual_gate=True)
+
+
+def test_coarse_backbone_gives_the_coarse_image_its_own_weights():
+    """``coarse_backbone``: the coarse image's features come from a second backbone, so the
+    patches' backbone does not change what the coarse head predicts (and the reverse); the whole-
+    image path and segment_large still agree; ``residual_init="random"`` keeps the patch
+    classifier's random start under ``coarse_residual``."""
+    model = _tiny(coarse_head=True, coarse_residual=True, coarse_backbone=True, residual_init="random")
+    assert model.classifier.weight.abs().sum() > 0
+    assert _tiny(coarse_head=True, coarse_residual=True).classifier.weight.abs().sum() == 0
+    patches, coarse = torch.randn(2, 3, 32, 32), torch.randn(1, 3, 32, 32)
+    boxes = torch.tensor([[0, 0, 0, 16, 16], [0, 8, 8, 24, 24.0]])
+    with torch.no_grad():
+        before_logits, before_coarse = model.forward_patches(patches, coarse, boxes, with_coarse=True)
+        for p in model.backbone.parameters():
+            p.add_(0.5)
+        after_logits, after_coarse = model.forward_patches(patches, coarse, boxes, with_coarse=True)
+    torch.testing.assert_close(after_coarse, before_coarse)
+    assert not torch.allclose(after_logits, before_logits)
+    image = np.random.default_rng(0).integers(0, 255, (50, 70, 3), dtype=np.uint8)
+    with torch.no_grad():
+        whole = model(normalize(image)[None]).argmax(1)[0].numpy()
+    np.testing.assert_array_equal(segment_large(model, image), whole)
+    with pytest.raises(ValueError, match="coarse_backbone needs use_global"):
+        _tiny(use_global=False, coarse_backbone=True)
+    with pytest.raises(ValueError, match="residual_init"):
+        _tiny(residual_init="ones")

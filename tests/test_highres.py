@@ -385,3 +385,61 @@ def test_bench_on_an_upscaled_multiclass_corpus(tmp_path, capsys):
     assert "mIoU" in capsys.readouterr().err
     with pytest.raises(ValueError, match="unknown variants"):
         bench_highres(str(data), "train", str(out), eval_split="val", variants=("global_local", "nope"))
+
+
+def test_reduce_fractions_keeps_a_class_thinner_than_a_reduced_pixel():
+    """A one-pixel line in a 4x4 block is 1/4 of the block's area: the hard reduction loses it
+    (background covers most of the block), the fractions keep its share; void-heavy blocks are
+    all zero (ignored) and every other block's fractions sum to 1."""
+    full = np.zeros((8, 8), np.uint8)
+    full[:, 1] = 1                   # a vertical line, one pixel wide
+    full[4:, 4:] = 255               # one block all void
+    full[0:2, 4:8] = 2               # half of the top-right block is class 2
+    np.testing.assert_array_equal(hr.reduce_mask(full, (2, 2)), [[0, 0], [0, 255]])
+    q = hr.reduce_fractions(full, (2, 2), 3)
+    assert q.shape == (3, 2, 2) and q.dtype == np.float32
+    np.testing.assert_allclose(q[:, 0, 0], [0.75, 0.25, 0.0])
+    np.testing.assert_allclose(q[:, 0, 1], [0.5, 0.0, 0.5])
+    np.testing.assert_allclose(q[:, 1, 0], [0.75, 0.25, 0.0])
+    np.testing.assert_array_equal(q[:, 1, 1], 0.0)
+
+
+def test_soft_cross_entropy_of_one_hot_fractions_is_the_weighted_cross_entropy():
+    g = torch.Generator().manual_seed(0)
+    logits = torch.randn(2, 3, 5, 5, generator=g)
+    y = torch.randint(0, 3, (2, 5, 5), generator=g)
+    weights = [1.0, 2.0, 0.5]
+    one_hot = torch.nn.functional.one_hot(y, 3).permute(0, 3, 1, 2).float()
+    one_hot[0, :, 0, 0] = 0.0        # an ignored pixel
+    y[0, 0, 0] = 255
+    want = torch.nn.functional.cross_entropy(logits, y, weight=torch.tensor(weights), ignore_index=255)
+    assert torch.allclose(hr.soft_cross_entropy(logits, one_hot, weights), want, atol=1e-6)
+    # the loss is smallest when the predicted probabilities equal the fractions
+    q = torch.tensor([0.8, 0.2, 0.0]).view(1, 3, 1, 1)
+    at = lambda p: hr.soft_cross_entropy(torch.log(torch.tensor(p)).view(1, 3, 1, 1), q).item()
+    assert at([0.8, 0.2, 1e-9]) < at([0.95, 0.05, 1e-9]) and at([0.8, 0.2, 1e-9]) < at([0.6, 0.4, 1e-9])
+
+
+def test_training_against_soft_coarse_targets_learns_the_coarse_image():
+    """train_highres with coarse_targets='soft': the coarse head is trained on the class fractions,
+    so after training its prediction on each coarse image follows the two halves of the mask."""
+    from models.global_local import coarse_image, global_local, normalize
+    rng = np.random.default_rng(0)
+    images, masks = [], []
+    for k in range(2):
+        mask = np.zeros((48, 64), np.uint8)
+        mask[:, 32:] = 1 + k
+        mask[:2] = 255
+        images.append(np.where(mask[..., None] == 0, 60, 190).astype(np.uint8) + rng.integers(0, 9, (48, 64, 3), np.uint8))
+        masks.append(mask)
+    torch.manual_seed(0)
+    model = global_local(3, patch_size=32, width=8, blocks=(1, 1), coarse_head=True)
+    _, losses = hr.train_highres(images, masks, model=model, patch_size=32, steps=30, batch=2, lr=1e-2, seed=0,
+                                 coarse_loss=0.5, coarse_targets="soft")
+    assert np.mean(losses[-3:]) < np.mean(losses[:3])
+    with torch.no_grad():
+        pred = model.coarse_logits(normalize(coarse_image(images[1], 32))[None]).argmax(1)[0].numpy()
+    assert (pred[8:, :12] == 0).mean() > 0.9 and (pred[8:, 20:] == 2).mean() > 0.9
+    with pytest.raises(ValueError, match="coarse_targets"):
+        hr.PatchBatches(images, masks, patch_size=32, steps=1, batch=2, seed=0, use_global=True,
+                        coarse_targets="fuzzy")
