@@ -237,10 +237,12 @@ def refresh_round(run_dir: str, round_index: int, config: WSSSConfig, feature_ke
         proposal_classifier.train_round(store, r, records, feature_key, config.proposals,
                                         mil_prior_weight=config.mil.prior_weight, seed=config.seed)
         # 5.-7. IoU filtering, fusion per tagged class, 3-way clustering, seeded segmentation
+        #     (on the foreground path: GrabCut of the whole image from the combined foreground evidence)
         todo, results = pending_shards(store, r, "pseudo", shards)
+        foreground = config.foreground if pl.foreground_on(store, config)[0] else None
         results += run_shards(pseudo_shard, todo, f"r{r} pseudo-labels", run_dir=run_dir, round_index=r,
                               key=feature_key, cfg=config.proposals, seed=config.seed,
-                              mil_weight=config.mil.prior_weight)
+                              mil_weight=config.mil.prior_weight, foreground=foreground)
         changed, ignored = label_shares(results)
         # 9. whether the rounds stop here and which round's labels are final (tasks.stopping, no mask)
         decision = stopping.decide(config, r, changed, reverted_of(results))

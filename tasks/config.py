@@ -206,6 +206,17 @@ class ForegroundConfig(BaseModel):
         "training image; on / off: always / never. When on, round 0's preliminary result of the object "
         "classes is the image's boundary-connectivity saliency (the border is mostly background) instead of "
         "the CAMs' constant-threshold background, shared among the image's object tags by their CAMs"))
+    grabcut: bool = Field(True, description=(
+        "when the path is on, every round's pseudo-label is GrabCut of the whole image started from the mean "
+        "foreground probability of the preliminary result, the MIL evidence and the proposal scores "
+        "(tasks.foreground.foreground_label) instead of fusion, 3-way clustering and seeding of the ambiguous "
+        "area. Measured on the msrc21 one-class corpus (69 train images, round 0): object IoU 0.723 against "
+        "0.645 for fusion and seeding and 0.616 for box GrabCut"))
+    grabcut_sure: float = Field(0.85, gt=0.5, le=1, description=(
+        "foreground probability above which a pixel starts as sure foreground (above 0.5: probable)"))
+    grabcut_border: float = Field(0.02, ge=0, lt=0.5, description=(
+        "width of the border strip that starts as sure background, as a share of the shorter side"))
+    grabcut_iters: int = Field(3, ge=1, description="GrabCut iterations")
 
 
 class WSSSConfig(BaseModel):

@@ -16,8 +16,8 @@ import numpy as np
 import scipy.sparse as sp
 from scipy.sparse.linalg import spsolve
 
-__all__ = ["tag_statistics", "contrast_warnings", "box_grabcut", "boundary_saliency", "foreground_active",
-           "foreground_probs"]
+__all__ = ["tag_statistics", "contrast_warnings", "box_grabcut", "evidence_grabcut", "boundary_saliency",
+           "foreground_active", "foreground_probs", "foreground_label"]
 
 
 def tag_statistics(tag_sets: Sequence[Sequence[str]], class_names: Sequence[str],
@@ -108,6 +108,43 @@ def box_grabcut(image: np.ndarray, inset: float = 0.1, iterations: int = 3, seed
     bgd, fgd = np.zeros((1, 65), np.float64), np.zeros((1, 65), np.float64)
     cv2.setRNGSeed(seed)
     cv2.grabCut(np.ascontiguousarray(image[..., ::-1]), mask, rect, bgd, fgd, iterations, cv2.GC_INIT_WITH_RECT)
+    return np.isin(mask, (cv2.GC_FGD, cv2.GC_PR_FGD))
+
+
+def evidence_grabcut(image: np.ndarray, fg_prob: np.ndarray, *, iterations: int = 3, sure: float = 0.85,
+                     border: float = 0.02, seed: int = 0) -> np.ndarray:
+    """GrabCut of the whole image initialised from a foreground probability instead of a box.
+
+    Pixels above 0.5 start as probable foreground, above ``sure`` as sure foreground, the rest
+    as probable background; a strip of ``border`` of the shorter side along the image border is
+    sure background (the border is mostly background). GrabCut then fits the image's own colour
+    models to that start and cuts along its edges, so the evidence's superpixel blocks become
+    the object's outline.
+
+    Parameters
+    ----------
+    image : (H, W, 3) uint8 RGB
+    fg_prob : (H, W) float in [0, 1]
+
+    Returns
+    -------
+    (H, W) bool, True = foreground; ``fg_prob > 0.5`` where GrabCut has nothing to fit (no
+    pixel of one side).
+    """
+    h, w = fg_prob.shape
+    if image.shape[:2] != (h, w):
+        raise ValueError(f"fg_prob is {fg_prob.shape}, the image {image.shape[:2]}: they must agree")
+    mask = np.where(fg_prob > 0.5, cv2.GC_PR_FGD, cv2.GC_PR_BGD).astype(np.uint8)
+    mask[fg_prob > sure] = cv2.GC_FGD
+    b = int(border * min(h, w))
+    if b > 0:
+        mask[:b], mask[-b:], mask[:, :b], mask[:, -b:] = cv2.GC_BGD, cv2.GC_BGD, cv2.GC_BGD, cv2.GC_BGD
+    fg = np.isin(mask, (cv2.GC_FGD, cv2.GC_PR_FGD))
+    if fg.all() or not fg.any():
+        return fg_prob > 0.5
+    bgd, fgd = np.zeros((1, 65), np.float64), np.zeros((1, 65), np.float64)
+    cv2.setRNGSeed(seed)
+    cv2.grabCut(np.ascontiguousarray(image[..., ::-1]), mask, None, bgd, fgd, iterations, cv2.GC_INIT_WITH_MASK)
     return np.isin(mask, (cv2.GC_FGD, cv2.GC_PR_FGD))
 
 
@@ -222,3 +259,39 @@ def foreground_probs(saliency: np.ndarray, cam_prob: np.ndarray, allowed: np.nda
     else:
         prob[background] = 1.0
     return prob
+
+
+def foreground_label(image: np.ndarray, evidence: Sequence[np.ndarray], allowed: np.ndarray, background: int, *,
+                     iterations: int = 3, sure: float = 0.85, border: float = 0.02, seed: int = 0) -> np.ndarray:
+    """The pseudo-label of an image on the foreground path: :func:`evidence_grabcut` from the mean
+    foreground probability of several evidence maps, its foreground shared among the image's
+    object tags by their summed evidence.
+
+    Parameters
+    ----------
+    image : (H, W, 3) uint8 RGB
+    evidence : (K, H, W) probability maps over the classes (each normalised here over ``allowed``):
+        e.g. the preliminary result, the MIL evidence and the proposal scores. An image's
+        foreground probability is the mean over the maps of one minus the background's share.
+    allowed : (K,) bool, the image's tags and the background
+    background : index of the implicit background class
+
+    Returns
+    -------
+    (H, W) uint8 class per pixel (no ignore label: GrabCut decides every pixel).
+    """
+    if not len(evidence):
+        raise ValueError("foreground_label needs at least one evidence map")
+    maps = []
+    for e in evidence:
+        q = np.where(allowed[:, None, None], np.maximum(e, 0.0), 0.0).astype(np.float32)
+        maps.append(q / np.maximum(q.sum(0, keepdims=True), 1e-9))
+    fg_prob = np.mean([1.0 - q[background] for q in maps], axis=0)
+    objects = allowed.copy()
+    objects[background] = False
+    if not objects.any():
+        return np.full(fg_prob.shape, background, np.uint8)
+    mask = evidence_grabcut(image, fg_prob, iterations=iterations, sure=sure, border=border, seed=seed)
+    ids = np.flatnonzero(objects)
+    which = ids[np.sum(maps, axis=0)[ids].argmax(0)]
+    return np.where(mask, which, background).astype(np.uint8)

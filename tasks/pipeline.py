@@ -15,7 +15,7 @@ import torch
 from tasks import foreground as fg
 from tasks import superpixels as spx
 from tasks import training as tr
-from tasks.config import ClassifierConfig, FeatureConfig, ProposalConfig, WSSSConfig
+from tasks.config import ClassifierConfig, FeatureConfig, ForegroundConfig, ProposalConfig, WSSSConfig
 from tasks.feature_cache import ImageFeatures, compute_features, load_edges, load_features, proposal_inputs
 from tasks.fusion import pseudo_label
 from tasks.ingest import ALPHA_BACKGROUND, decode_image, load_mask
@@ -230,18 +230,44 @@ def pseudo_evidence(f: ImageFeatures, prelim: np.ndarray, prob: np.ndarray, allo
     return prelim
 
 
+def foreground_pseudo_label(image: np.ndarray, f: ImageFeatures, prelim: np.ndarray, prob: np.ndarray,
+                            allowed: np.ndarray, classes: ClassSpec, mil_model, cfg: ForegroundConfig, seed: int,
+                            mil_weight: float = 0.0) -> np.ndarray:
+    """Steps 5-7 on the foreground path (``foreground.grabcut``): GrabCut of the whole image from
+    the mean foreground probability of the preliminary result, the MIL evidence (when the round
+    has a MIL classifier) and the proposal scores (:func:`tasks.foreground.foreground_label`)."""
+    evidence = [prelim]
+    if mil_model is not None:
+        evidence.append(spx.paint(sp_evidence(f, prelim, allowed, mil_model, mil_weight), f.superpixels))
+    evidence.append(spx.paint(superpixel_scores(prob, f.membership), f.superpixels))
+    return fg.foreground_label(image, evidence, allowed, classes.background, iterations=cfg.grabcut_iters,
+                               sure=cfg.grabcut_sure, border=cfg.grabcut_border, seed=seed)
+
+
+def image_pseudo_label(image: np.ndarray, f: ImageFeatures, prelim: np.ndarray, clf, mil_model, allowed: np.ndarray,
+                       classes: ClassSpec, tags: tuple[str, ...], cfg: ProposalConfig, seed: int,
+                       mil_weight: float = 0.0, foreground: ForegroundConfig | None = None) -> np.ndarray:
+    """Steps 3 and 5-7 for one image, without the store: proposal scores, then the foreground
+    path's GrabCut (``foreground`` given, with ``grabcut`` on) or the evidence, filtering,
+    fusion, 3-way clustering and seeded segmentation."""
+    prob = predict_proposals(clf, proposal_inputs(f), allowed)
+    if foreground is not None and foreground.grabcut and classes.background is not None:
+        return foreground_pseudo_label(image, f, prelim, prob, allowed, classes, mil_model, foreground, seed,
+                                       mil_weight)
+    prelim = pseudo_evidence(f, prelim, prob, allowed, mil_model, cfg, mil_weight)
+    label, _ = make_pseudo_label(image, f, prob, prelim, classes, tags, cfg, seed)
+    return label
+
+
 def pseudo_image(store: Store, rec: ImageRecord, r: int, clf, mil_model, classes: ClassSpec, key: str, cfg: ProposalConfig,
-                 seed: int, mil_weight: float = 0.0) -> np.ndarray:
+                 seed: int, mil_weight: float = 0.0, foreground: ForegroundConfig | None = None) -> np.ndarray:
     """Steps 5-7 for one image with round ``r``'s proposal classifier ``clf`` and MIL classifier
     (``mil_model``, None when the round has none): its (H, W) uint8 pseudo-label, also written to
-    the store."""
-    image = store.image(rec.image_id)
-    f = load_features(store, rec, key)
-    prelim = store.prelim(r, rec.image_id, classes.n)
-    allowed = classes.tag_vector(rec.tags)
-    prob = predict_proposals(clf, proposal_inputs(f), allowed)
-    prelim = pseudo_evidence(f, prelim, prob, allowed, mil_model, cfg, mil_weight)
-    label, _ = make_pseudo_label(image, f, prob, prelim, classes, rec.tags, cfg, seed)
+    the store. ``foreground``: the run's foreground settings when its foreground path is on
+    (:func:`foreground_on`), else None."""
+    label = image_pseudo_label(store.image(rec.image_id), load_features(store, rec, key),
+                               store.prelim(r, rec.image_id, classes.n), clf, mil_model,
+                               classes.tag_vector(rec.tags), classes, rec.tags, cfg, seed, mil_weight, foreground)
     store.write_pseudo(r, rec.image_id, label)
     return label
 
@@ -346,9 +372,10 @@ def preliminary_shard(run_dir: str, ids: list[str], round_index: int, key: str, 
 
 
 def pseudo_shard(run_dir: str, ids: list[str], round_index: int, key: str, cfg: ProposalConfig, seed: int,
-                 mil_weight: float = 0.0) -> dict:
+                 mil_weight: float = 0.0, foreground: ForegroundConfig | None = None) -> dict:
     """Steps 5-7 for one shard: proposal probabilities, filtering, fusion, seeded segmentation,
-    with the round's proposal classifier and (when the round has one) its MIL classifier."""
+    with the round's proposal classifier and (when the round has one) its MIL classifier;
+    ``foreground`` as in :func:`pseudo_image`."""
     _worker_setup()
     store = Store(run_dir)
     done = store.shard_done(round_index, "pseudo", store.shard_name(ids))
@@ -360,7 +387,7 @@ def pseudo_shard(run_dir: str, ids: list[str], round_index: int, key: str, cfg: 
     # pixel counts summed over the shard: a result of the same size at any shard size (nothing per image)
     totals = {"pixels": 0, "changed_pixels": 0, "reverted_pixels": 0, "ignore_pixels": 0}
     for rec in records_by_id(store.manifest(), ids):
-        label = pseudo_image(store, rec, round_index, clf, mil_model, classes, key, cfg, seed, mil_weight)
+        label = pseudo_image(store, rec, round_index, clf, mil_model, classes, key, cfg, seed, mil_weight, foreground)
         previous = store.pseudo(round_index - 1, rec.image_id) if round_index > 0 else \
             store.pseudo(0, rec.image_id, name="cam")
         before = (store.pseudo(round_index - 2, rec.image_id) if round_index > 1 else

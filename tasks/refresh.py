@@ -72,7 +72,8 @@ def refresh_shard(run_dir: str, ids: list[str], round_index: int, key: str, conf
     cam_net = prelim_model(store, 0) if needs_cam else None
     net, state = prelim_model(store, r)
     # round 0 of a corpus whose tags carry no contrast: the class-agnostic foreground evidence
-    foreground = (r == 0 or needs_cam) and foreground_on(store, config)[0]
+    fg_on = foreground_on(store, config)[0]
+    foreground = (r == 0 or needs_cam) and fg_on
     for rec in recs:
         if cam_net is not None and not store.has_pseudo(0, rec.image_id, name="cam"):
             preliminary_image(store, rec, 0, *cam_net, classes, key, config, foreground)
@@ -84,7 +85,7 @@ def refresh_shard(run_dir: str, ids: list[str], round_index: int, key: str, conf
     mil_model = round_mil_model(store, r)
     for rec in recs:
         pseudo_image(store, rec, r, clf, mil_model, classes, key, config.proposals, config.seed,
-                     config.mil.prior_weight)
+                     config.mil.prior_weight, config.foreground if fg_on else None)
     seconds["pseudo"] = time.perf_counter() - t
     run_log(f"refresh with round {r}'s models: {len(recs)} images from {recs[0].image_id}, "
             f"{sum(seconds.values()):.1f} s")

@@ -10,8 +10,8 @@ import pytest
 from conftest import harness_cluster
 
 from tasks.config import WSSSConfig
-from tasks.foreground import (box_grabcut, boundary_saliency, contrast_warnings, foreground_active,
-                              foreground_probs, tag_statistics)
+from tasks.foreground import (box_grabcut, boundary_saliency, contrast_warnings, evidence_grabcut, foreground_active,
+                              foreground_label, foreground_probs, tag_statistics)
 from tasks.stopping import decide
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -122,6 +122,44 @@ def test_foreground_probs_split_the_saliency_among_the_object_tags():
     assert np.allclose(p[0], 1 - sal) and np.allclose(p[1], 0.75 * sal, atol=1e-5)
 
 
+def test_grabcut_from_blocky_evidence_finds_the_outline():
+    """Evidence that covers the disc by coarse blocks (as superpixel evidence does), spilling over
+    its edge and missing its rim: GrabCut from it recovers the disc's outline."""
+    img, disk = _disk_image()
+    blocks = np.zeros(disk.shape, np.float32)
+    blocks[24:72, 40:88] = 0.7                # the disc's bounding square: probable foreground
+    blocks[40:56, 56:72] = 0.95               # its centre: sure foreground
+    assert _iou(blocks > 0.5, disk) < 0.8
+    assert _iou(evidence_grabcut(img, blocks), disk) > 0.9
+    # nothing to fit: every pixel on one side
+    assert not evidence_grabcut(img, np.zeros(disk.shape, np.float32), border=0.0).any()
+    with pytest.raises(ValueError, match="must agree"):
+        evidence_grabcut(img, blocks[:10])
+
+
+def test_foreground_label_averages_the_evidence_and_shares_the_foreground_among_the_tags():
+    img, disk = _disk_image()
+    h, w = disk.shape
+    allowed = np.array([True, True, True, False])          # background, two object tags, an untagged class
+    good = np.zeros((4, h, w), np.float32)
+    good[0] = np.where(disk, 0.1, 0.9)
+    good[1] = np.where(disk, 0.9, 0.1) * (np.arange(w) < w // 2)   # tag 1 claims the left half
+    good[2] = np.where(disk, 0.9, 0.1) * (np.arange(w) >= w // 2)  # tag 2 the right half
+    good[3] = 5.0                                          # an untagged class never counts
+    label = foreground_label(img, [good, good, good], allowed, background=0)
+    assert label.dtype == np.uint8 and set(np.unique(label)) <= {0, 1, 2}
+    assert _iou(label > 0, disk) > 0.9
+    assert (label[disk & (np.arange(w) < w // 2 - 4)] == 1).mean() > 0.95
+    assert (label[disk & (np.arange(w) >= w // 2 + 4)] == 2).mean() > 0.95
+    # one map that says "all background" against two that find the disc: the mean still does
+    wrong = np.zeros_like(good)
+    wrong[0] = 1.0
+    assert _iou(foreground_label(img, [good, good, wrong], allowed, background=0) > 0, disk) > 0.9
+    # no object tag: all background
+    only_bg = np.array([True, False, False, False])
+    assert (foreground_label(img, [good], only_bg, background=0) == 0).all()
+
+
 # ---------------------------------------------------------------------------- stopping
 def test_stopping_decisions_known_by_construction():
     cfg = WSSSConfig(max_rounds=4, epsilon=0.02)
@@ -196,6 +234,19 @@ def test_one_class_corpus_warns_at_ingest_and_train_and_takes_the_foreground_pat
         prelim = store.prelim(0, rec.image_id, 2)
         assert np.abs(prelim[1] - expected).max() <= 1 / 255 + 1e-6
         assert np.abs(prelim[0] - (1 - expected)).max() <= 1 / 255 + 1e-6
+    # its pseudo-labels are GrabCut of the whole image from the mean foreground evidence
+    from tasks import pipeline as pl
+    from tasks.proposal_classifier import round_mil_model
+
+    classes = store.classes()
+    clf = store.read_classifier("proposal_classifier", 0)["model"]
+    for rec in store.manifest():
+        f = load_features(store, rec, t["feature_key"])
+        want = pl.image_pseudo_label(store.image(rec.image_id), f, store.prelim(0, rec.image_id, 2), clf,
+                                     round_mil_model(store, 0), classes.tag_vector(rec.tags), classes, rec.tags,
+                                     cfg.proposals, cfg.seed, cfg.mil.prior_weight, cfg.foreground)
+        np.testing.assert_array_equal(store.pseudo(0, rec.image_id), want)
+        assert set(np.unique(want)) <= {0, 1}
     # MLflow: why the rounds stopped, on the parent run
     mlflow.set_tracking_uri(f"sqlite:///{run / 'mlflow.db'}")
     parent = mlflow.get_run(t["mlflow_parent_run_id"])
