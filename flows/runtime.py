@@ -38,8 +38,9 @@ def prepare(run_dir: str | os.PathLike, *, verbose: bool = False) -> Path:
         "DO_NOT_TRACK": "1",
         "DASK_LOGGING__DISTRIBUTED": "error",
         # the embedded Prefect API server runs its migrations on first start: give it time on
-        # a busy two-core machine
-        "PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS": "180",
+        # a busy two-core machine (a user's own setting wins)
+        "PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS": os.environ.get(
+            "PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS", "180"),
     }
     os.environ.update(env)
     # MLflow: tasks.tracking uses RUN/mlflow.db unless the user points MLFLOW_TRACKING_URI at a server

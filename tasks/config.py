@@ -179,6 +179,10 @@ class SegmentationConfig(BaseModel):
         "masks, 18 epochs, gated, seeds 0 and 7): 0.280, 0.281 / 0.347, 0.345 from the classifier against "
         "0.276, 0.273 / 0.324, 0.346 from scratch: both models gain and the seed matters less"))
     num_workers: int = 1
+    coarse_loss: float = Field(0.0, ge=0, description=(
+        "global_local built with coarse_head: weight of a loss on each crop's coarse whole image against "
+        "its pseudo-label's class fractions (tasks.highres.soft_cross_entropy), beside the crop's own "
+        "loss; 0 = none"))
 
 
 class InferenceConfig(BaseModel):

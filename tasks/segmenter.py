@@ -106,7 +106,7 @@ def train_segmenter(store: Store, records: list[ImageRecord], feature_key: str, 
     if getattr(model, "needs_global_context", False):
         # global-local: crops of the network's patch size, each with its whole image's coarse view and box
         ds = tr.ContextDataset(len(records), labels, tr.Augment(crop=model.patch_size), seed=config.seed + r,
-                               with_edge=s.use_edges)
+                               with_edge=s.use_edges, coarse_classes=classes.n if s.coarse_loss else None)
     else:
         ds = tr.StoreDataset(len(records), labels, tr.Augment(crop=s.crop), seed=config.seed + r,
                              with_edge=s.use_edges)
@@ -120,7 +120,13 @@ def train_segmenter(store: Store, records: list[ImageRecord], feature_key: str, 
     resume_key = {"corpus": corpus_hash(records), "classes": list(classes.names), "label_round": label_round,
                   "feature_key": feature_key, "init_round": init_round, "start": start,
                   "segmentation": s.model_dump(mode="json"), "seed": config.seed}
-    result = tr.fit(model, ds, tr.segmentation_loss(weights), tcfg, checkpoint=store.train_state(kind, **where),
+    loss_fn, forward = tr.segmentation_loss(weights), None
+    if s.coarse_loss:
+        if not (getattr(model, "needs_global_context", False) and hasattr(model, "coarse_classifier")):
+            raise ValueError("segmentation.coarse_loss needs a global_local model built with coarse_head "
+                             "(segmentation.options.coarse_head=true)")
+        loss_fn, forward = tr.coarse_context_loss(weights, s.coarse_loss)
+    result = tr.fit(model, ds, loss_fn, tcfg, checkpoint=store.train_state(kind, **where), forward=forward,
                     resume_key=resume_key,
                     log=(lambda m, step: log({f"seg_{k}": v for k, v in m.items()}, step)) if log else None,
                     progress=lambda msg: prog.advance(1, msg.split(" ", 2)[-1]))

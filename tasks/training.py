@@ -149,7 +149,7 @@ class StoreDataset(Dataset):
 
 
 def context_sample(rng: np.random.Generator, image: np.ndarray, edge: np.ndarray | None, label: np.ndarray,
-                   augment: Augment) -> tuple[dict, np.ndarray]:
+                   augment: Augment, coarse_classes: int | None = None) -> tuple[dict, np.ndarray]:
     """A training crop with the global context of its whole image (global-local networks).
 
     The whole image (and edge map and label map) is scaled by a random factor in
@@ -173,6 +173,10 @@ def context_sample(rng: np.random.Generator, image: np.ndarray, edge: np.ndarray
         ``{"x": (C, p, p), "coarse": (C, p, p), "boxes": (4,)}`` float32 tensors, ``p =
         augment.crop``.
     label : (p, p) uint8
+        With ``coarse_classes`` = K: a (1 + K, p, p) float32 array instead, the label crop in
+        channel 0 and the class fractions of the whole scaled label map at the coarse image's
+        size in channels 1.. (:func:`tasks.highres.reduce_fractions`), for a loss on the coarse
+        image (:func:`coarse_context_loss`).
     """
     from models.global_local import coarse_input
 
@@ -200,7 +204,39 @@ def context_sample(rng: np.random.Generator, image: np.ndarray, edge: np.ndarray
     target = np.full((p, p), IGNORE, np.uint8)
     target[:ch, :cw] = label[y0:y0 + ch, x0:x0 + cw]
     boxes = torch.tensor([x0 * p / nw, y0 * p / nh, (x0 + p) * p / nw, (y0 + p) * p / nh], dtype=torch.float32)
-    return {"x": x, "coarse": coarse.contiguous(), "boxes": boxes}, target
+    inputs = {"x": x, "coarse": coarse.contiguous(), "boxes": boxes}
+    if coarse_classes:
+        from tasks.highres import reduce_fractions
+        packed = np.empty((1 + coarse_classes, p, p), np.float32)
+        packed[0] = target
+        packed[1:] = reduce_fractions(np.ascontiguousarray(label), (p, p), coarse_classes)
+        return inputs, packed
+    return inputs, target
+
+
+def coarse_context_loss(class_weights: Sequence[float] | None, weight: float) -> tuple[Callable, Callable]:
+    """``(loss, forward)`` for :func:`fit` on :class:`ContextDataset` samples with ``coarse_classes``:
+    the crop's cross-entropy (:func:`segmentation_loss`) + ``weight`` x the soft cross-entropy of
+    the coarse head's prediction of the whole image against its label fractions
+    (:func:`tasks.highres.soft_cross_entropy`). The network must be a global-local one built with
+    ``coarse_head``; ``forward`` stacks its crop and coarse logits."""
+    from tasks.highres import soft_cross_entropy
+    ce = segmentation_loss(class_weights)
+
+    def forward(model, x: dict):
+        logits, coarse_logits = model.forward_patches(x["x"], x["coarse"], _indexed(x["boxes"]), with_coarse=True)
+        return torch.cat([logits, coarse_logits])
+
+    def loss(out: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+        n = len(y)
+        return ce(out[:n], y[:, 0].long()) + weight * soft_cross_entropy(out[n:], y[:, 1:], class_weights)
+    return loss, forward
+
+
+def _indexed(boxes: torch.Tensor) -> torch.Tensor:
+    """(N, 4) boxes -> (N, 5) with each box's own batch index, as ROIAlign takes them."""
+    idx = torch.arange(len(boxes), dtype=boxes.dtype, device=boxes.device)[:, None]
+    return torch.cat([idx, boxes], 1)
 
 
 class ContextDataset(StoreDataset):
@@ -214,10 +250,11 @@ class ContextDataset(StoreDataset):
     """
 
     def __init__(self, n: int, load: Callable[[int], tuple], augment: Augment, seed: int = 0,
-                 with_edge: bool = True):
+                 with_edge: bool = True, coarse_classes: int | None = None):
         if augment is None:
             raise ValueError("ContextDataset needs an Augment (its crop is the network's patch size)")
         super().__init__(n, load, augment, seed=seed, with_edge=with_edge)
+        self.coarse_classes = coarse_classes
 
     def __getitem__(self, key: int | tuple[int, int]):
         epoch, i = key if isinstance(key, tuple) else (self.epoch, key)
@@ -225,7 +262,10 @@ class ContextDataset(StoreDataset):
         if target.ndim != 2:
             raise ValueError(f"ContextDataset needs (H, W) label maps, sample {i} has shape {target.shape}")
         rng = np.random.default_rng((self.seed, epoch, i))
-        inputs, label = context_sample(rng, image, edge if self.with_edge else None, target, self.augment)
+        inputs, label = context_sample(rng, image, edge if self.with_edge else None, target, self.augment,
+                                       coarse_classes=self.coarse_classes)
+        if self.coarse_classes:
+            return inputs, torch.from_numpy(label)
         return inputs, torch.from_numpy(label.astype(np.int64))
 
 

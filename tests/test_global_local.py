@@ -431,3 +431,39 @@ def test_coarse_backbone_gives_the_coarse_image_its_own_weights():
         _tiny(use_global=False, coarse_backbone=True)
     with pytest.raises(ValueError, match="residual_init"):
         _tiny(residual_init="ones")
+
+
+def test_context_dataset_with_a_coarse_loss_trains_the_coarse_head():
+    """``ContextDataset(coarse_classes=K)`` packs each crop's label with its whole image's label
+    fractions at the coarse size; :func:`tasks.training.coarse_context_loss` trains the crop and
+    the coarse head together, so the coarse head learns the whole image's layout (here: the top
+    half is class 1, the bottom half class 0)."""
+    from tasks.training import Augment, ContextDataset, TrainConfig, coarse_context_loss, fit
+
+    rng = np.random.default_rng(0)
+    samples = []
+    for i in range(4):
+        label = np.zeros((64, 80), np.uint8)
+        label[:32] = 1
+        label[:, :2] = 255
+        image = np.where(label[..., None] == 1, 200, 70).astype(np.uint8) + rng.integers(0, 9, (64, 80, 3), np.uint8)
+        samples.append((image, None, label))
+    ds = ContextDataset(4, samples.__getitem__, Augment(crop=32, scale=(1.0, 1.0), flip=False, jitter=0.0), seed=0,
+                        with_edge=False, coarse_classes=2)
+    inputs, y = ds[0]
+    assert y.dtype == torch.float32 and y.shape == (3, 32, 32)
+    assert set(np.unique(y[0].numpy())) <= {0.0, 1.0, 255.0}
+    frac = y[1:].numpy()
+    valid = frac.sum(0) > 0
+    np.testing.assert_allclose(frac.sum(0)[valid], 1.0, atol=1e-5)
+    assert (frac[1, :14][valid[:14]] > 0.99).all() and (frac[0, 18:][valid[18:]] > 0.99).all()
+    torch.manual_seed(0)
+    model = global_local(2, in_channels=3, patch_size=32, width=8, blocks=(1, 1), coarse_head=True)
+    loss, forward = coarse_context_loss(None, 1.0)
+    res = fit(model, ds, loss, TrainConfig(epochs=30, batch_size=2, lr=1e-2, device="cpu", num_workers=0,
+                                           patience=30), forward=forward)
+    losses = [h["loss"] for h in res.history]
+    assert np.mean(losses[-3:]) < 0.5 * np.mean(losses[:3]), losses
+    with torch.no_grad():
+        pred = model.eval().coarse_logits(inputs["coarse"][None]).argmax(1)[0].numpy()
+    assert (pred[:12] == 1).mean() > 0.9 and (pred[20:] == 0).mean() > 0.9
