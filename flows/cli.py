@@ -807,11 +807,18 @@ def _add_bench_highres_parser(bench) -> argparse.ArgumentParser:
     p.add_argument("--threads", type=int, default=2, help="torch CPU threads (default 2)")
     p.add_argument("--device", default="cpu", help="torch device (default cpu)")
     p.add_argument("--variants", nargs="+", default=["global_local", "patch_only", "downsampled"], metavar="NAME",
-                   help="networks to train and score, same budget each (default: global_local patch_only "
-                        "downsampled); ablations of global_local (tasks.highres.VARIANTS): gl_f2 (F1 and F2 only), "
-                        "gl_f2_pool (+ pooling branch), gl_f2_spatial (+ spatial branch), gl_coarse2x (coarse image "
-                        "of twice the patch side), gl_gate0 / gl_gate1 (F2 times a learnable scalar starting at 0 / "
-                        "1), gl_coarse_loss (+ a loss on the coarse image)")
+                   help="networks to train and score, same budget each, space- or comma-separated (default: "
+                        "global_local patch_only downsampled). global_local: METHOD.md C with a backbone of its own "
+                        "for the coarse image, the coarse head's logits added to each patch's and a loss on the "
+                        "coarse image against its class fractions. Ablations (tasks/highres.py:VARIANTS): "
+                        "gl_method_c (METHOD.md C as written: one backbone, no coarse supervision), gl_f2 (its F1 "
+                        "and F2 only), gl_f2_pool / gl_f2_spatial (+ pooling / spatial branch), gl_coarse2x "
+                        "(coarse image of twice the patch side), gl_gate0 / gl_gate1 (F2 times a learnable scalar "
+                        "starting at 0 / 1), gl_coarse_loss / gl_coarse_loss_soft (+ a loss on the coarse image, "
+                        "hard / soft targets), gl_coarse_residual / gl_coarse_residual_soft / "
+                        "gl_coarse_residual_gate (+ the coarse logits added to the patch's, one backbone), "
+                        "gl_two_backbones (the same with hard targets and the patch classifier at zero), "
+                        "gl_residual_e2e (coarse logits added, no coarse loss)")
     p.add_argument("--images-per-batch", type=int, default=2,
                    help="images the patches of one step are cut from, each with its coarse image (default 2)")
     p.add_argument("--memory-probe", action=argparse.BooleanOptionalAction, default=True,

@@ -99,8 +99,22 @@ def prefect_api() -> Iterator[Callable[[], str | None]]:
         yield ready
     finally:
         thread.join()
+        if not errors:  # send this process's queued logs and events while the server still answers:
+            _drain_prefect_services()  # left to the interpreter's exit, they retried a stopped server for minutes
         os.environ.pop("PREFECT_API_URL", None)
         server.stop()
+
+
+def _drain_prefect_services(timeout: float = 30.0) -> None:
+    """Flush Prefect's API log and event workers of this process (they send in the background)."""
+    from prefect.events.worker import EventsWorker
+    from prefect.logging.handlers import APILogWorker
+
+    for service in (APILogWorker, EventsWorker):
+        try:
+            service.drain_all(timeout=timeout)
+        except Exception:  # a flush that fails must not hide the command's own result or error
+            pass
 
 
 @contextlib.contextmanager
@@ -137,16 +151,13 @@ def api_in_task_context(url: str) -> Iterator[None]:
     minutes each on 2 busy cores) and the task runs went there, not to the command's API. With
     the URL set, this process's events go to that server too, so they are sent (drained) here,
     while it still answers: left to the interpreter's exit they waited on it for minutes."""
-    from prefect.events.worker import EventsWorker
-    from prefect.logging.handlers import APILogWorker
     from prefect.settings import PREFECT_API_URL, temporary_settings
 
     try:
         with temporary_settings(updates={PREFECT_API_URL: url}):
             yield
     finally:
-        for service in (APILogWorker, EventsWorker):
-            service.drain_all(timeout=60)
+        _drain_prefect_services(60)
 
 
 def check_cluster(address: str, run_dir, timeout: float = 30.0) -> None:

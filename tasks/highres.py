@@ -71,10 +71,18 @@ class Variant:
 
 
 #: the benchmark's networks by name; ``DEFAULT_VARIANTS`` run unless ``variants`` says otherwise, the rest
-#: are the ablations of the global-local network (METHOD.md C's branches, the coarse image's resolution,
-#: the global view's weight at the start and where its supervision enters)
+#: are the ablations of the global-local network: METHOD.md C as written (``gl_method_c``) and its
+#: branches, the coarse image's resolution, the global view's weight at the start, and where the coarse
+#: image's supervision enters (a loss, a residual of its logits, its own backbone, hard or soft targets)
 VARIANTS: dict[str, Variant] = {
-    "global_local": Variant(True, about="METHOD.md C: F1, F2, pooling branch (A1, A2), spatial branch (F4, F5)"),
+    "global_local": Variant(True, options={"coarse_head": True, "coarse_residual": True, "coarse_backbone": True,
+                                           "residual_init": "random"}, coarse_loss=1.0, coarse_targets="soft",
+                            about="METHOD.md C (F1, F2, pooling and spatial branches) with a backbone of its own "
+                                  "for the coarse image, the coarse head's logits of each patch's region added "
+                                  "to the patch's, and a loss 1.0 x CE on the coarse image against its class "
+                                  "fractions"),
+    "gl_method_c": Variant(True, about="METHOD.md C as written: one backbone for patches and coarse image, F1, F2, "
+                                       "pooling branch (A1, A2), spatial branch (F4, F5), no coarse supervision"),
     "patch_only": Variant(False, about="the same network on patches, without the coarse image"),
     "downsampled": Variant(False, "downsampled", about="the whole image resized to the patch size"),
     "gl_f2": Variant(True, options={"pooling": False, "spatial": False}, about="F1 and F2 only"),
@@ -96,11 +104,6 @@ VARIANTS: dict[str, Variant] = {
     "gl_two_backbones": Variant(True, options={"coarse_head": True, "coarse_residual": True, "coarse_backbone": True},
                                 coarse_loss=1.0, about="gl_coarse_residual with a backbone of its own for the "
                                                        "coarse image"),
-    "gl_two_backbones_soft": Variant(True, options={"coarse_head": True, "coarse_residual": True,
-                                                    "coarse_backbone": True, "residual_init": "random"},
-                                     coarse_loss=1.0, coarse_targets="soft",
-                                     about="gl_two_backbones against class fractions, patch classifier started "
-                                           "at random"),
     "gl_residual_e2e": Variant(True, options={"coarse_head": True, "coarse_residual": True},
                                about="the coarse head's logits of the patch's region added to the patch's, the "
                                      "coarse head trained only through the patch loss (no coarse loss)"),
