@@ -192,6 +192,8 @@ def evaluate(run_dir: str, round_index: int | None = None, split: str = "train",
     if source == "model":
         key = (store.read_round(r) or {}).get("feature_key")
         config = WSSSConfig.model_validate(store.read_config() or {})
+        if key == feature_key(config.features):  # a split the rounds did not run on (val) has no edge maps yet
+            compute_all_features(run_dir, [x for x in records if x.has_mask], config)
         res = evaluate_sources(run_dir, records, [["model", split]], shard_size,
                                model={"kind": "segmenter", "r": r}, key=key, **gate_options(store, config))
     else:
