@@ -50,7 +50,9 @@ def copy_sample(dst: Path, ids: list[str]) -> Path:
 def prefect_harness():
     from prefect.testing.utilities import prefect_test_harness
 
-    with prefect_test_harness(server_startup_timeout=180):
+    # a busy machine can take longer to start the server: the same setting as the commands' (flows/runtime.py)
+    with prefect_test_harness(server_startup_timeout=int(os.environ.get("PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS",
+                                                                        "180"))):
         yield
 
 
