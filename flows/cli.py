@@ -764,7 +764,8 @@ def cmd_bench_highres(args) -> int:
                           patch_size=args.patch_size, scale=args.scale, steps=args.steps, batch=args.batch,
                           lr=args.lr, width=args.width, overlap=args.overlap, balanced=args.balanced, seed=args.seed,
                           threads=args.threads, device=args.device, eval_split=args.eval_split,
-                          variants=tuple(v for arg in args.variants for v in arg.split(",") if v), images_per_batch=args.images_per_batch,
+                          variants=tuple(v for arg in args.variants for v in arg.split(",") if v),
+                          images_per_batch=args.images_per_batch,
                           memory_probe=args.memory_probe)
     except ValueError as e:
         print(f"wsseg bench highres: error: {e}", file=sys.stderr)

@@ -47,7 +47,7 @@ from models.roi_align import roi_align
 from models.tiling import RowStitcher, Stitcher, extract_patches, patch_grid
 
 __all__ = ["CompactHRNet", "GlobalLocalNet", "global_local", "segment_large", "coarse_image", "coarse_input",
-           "patch_boxes_in_coarse", "normalize"]
+           "indexed_boxes", "patch_boxes_in_coarse", "normalize"]
 
 IMAGENET_MEAN = (0.485, 0.456, 0.406)
 IMAGENET_STD = (0.229, 0.224, 0.225)
@@ -390,10 +390,7 @@ class GlobalLocalNet(nn.Module):
         if coarse is not None or boxes is not None:
             if coarse is None or boxes is None:
                 raise ValueError("forward(x, coarse, boxes): pass both the coarse images and the boxes, or neither")
-            if boxes.ndim == 2 and boxes.shape[1] == 4:
-                idx = torch.arange(boxes.shape[0], dtype=boxes.dtype, device=boxes.device)[:, None]
-                boxes = torch.cat([idx, boxes], 1)
-            return self.forward_patches(x, coarse, boxes)
+            return self.forward_patches(x, coarse, indexed_boxes(boxes))
         if x.ndim != 4:
             raise ValueError(f"x must be (B, C, H, W), got shape {tuple(x.shape)}")
         b, _, height, width = x.shape
@@ -415,6 +412,16 @@ class GlobalLocalNet(nn.Module):
                 stitcher.add(logits, chunk)
             outs.append(stitcher.result())
         return torch.stack(outs)
+
+
+def indexed_boxes(boxes: Tensor) -> Tensor:
+    """(N, 4) boxes, one per patch of its own coarse image -> (N, 5) with each box's batch index
+    (patch i uses coarse image i), as ROIAlign and :meth:`GlobalLocalNet.forward_patches` take
+    them; (N, 5) boxes are returned as they are."""
+    if boxes.ndim == 2 and boxes.shape[1] == 4:
+        idx = torch.arange(boxes.shape[0], dtype=boxes.dtype, device=boxes.device)[:, None]
+        return torch.cat([idx, boxes], 1)
+    return boxes
 
 
 def coarse_input(x: Tensor, size: int) -> Tensor:

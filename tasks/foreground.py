@@ -104,10 +104,16 @@ def box_grabcut(image: np.ndarray, inset: float = 0.1, iterations: int = 3, seed
     h, w = image.shape[:2]
     x0, y0 = int(round(inset * w)), int(round(inset * h))
     rect = (x0, y0, max(1, w - 2 * x0), max(1, h - 2 * y0))
-    mask = np.zeros((h, w), np.uint8)
+    return _grabcut(image, np.zeros((h, w), np.uint8), rect, iterations, seed)
+
+
+def _grabcut(image: np.ndarray, mask: np.ndarray, rect, iterations: int, seed: int) -> np.ndarray:
+    """OpenCV's GrabCut of an RGB image from a box (``rect``) or, with ``rect=None``, from ``mask``'s
+    GC_* start (changed in place); returns its sure or probable foreground."""
     bgd, fgd = np.zeros((1, 65), np.float64), np.zeros((1, 65), np.float64)
     cv2.setRNGSeed(seed)
-    cv2.grabCut(np.ascontiguousarray(image[..., ::-1]), mask, rect, bgd, fgd, iterations, cv2.GC_INIT_WITH_RECT)
+    cv2.grabCut(np.ascontiguousarray(image[..., ::-1]), mask, rect, bgd, fgd, iterations,
+                cv2.GC_INIT_WITH_RECT if rect is not None else cv2.GC_INIT_WITH_MASK)
     return np.isin(mask, (cv2.GC_FGD, cv2.GC_PR_FGD))
 
 
@@ -142,10 +148,7 @@ def evidence_grabcut(image: np.ndarray, fg_prob: np.ndarray, *, iterations: int 
     fg = np.isin(mask, (cv2.GC_FGD, cv2.GC_PR_FGD))
     if fg.all() or not fg.any():
         return fg_prob > 0.5
-    bgd, fgd = np.zeros((1, 65), np.float64), np.zeros((1, 65), np.float64)
-    cv2.setRNGSeed(seed)
-    cv2.grabCut(np.ascontiguousarray(image[..., ::-1]), mask, None, bgd, fgd, iterations, cv2.GC_INIT_WITH_MASK)
-    return np.isin(mask, (cv2.GC_FGD, cv2.GC_PR_FGD))
+    return _grabcut(image, mask, None, iterations, seed)
 
 
 def _sp_means(values: np.ndarray, labels: np.ndarray, n: int) -> np.ndarray:

@@ -220,11 +220,13 @@ def coarse_context_loss(class_weights: Sequence[float] | None, weight: float) ->
     the coarse head's prediction of the whole image against its label fractions
     (:func:`tasks.highres.soft_cross_entropy`). The network must be a global-local one built with
     ``coarse_head``; ``forward`` stacks its crop and coarse logits."""
+    from models.global_local import indexed_boxes
     from tasks.highres import soft_cross_entropy
     ce = segmentation_loss(class_weights)
 
     def forward(model, x: dict):
-        logits, coarse_logits = model.forward_patches(x["x"], x["coarse"], _indexed(x["boxes"]), with_coarse=True)
+        logits, coarse_logits = model.forward_patches(x["x"], x["coarse"], indexed_boxes(x["boxes"]),
+                                                      with_coarse=True)
         return torch.cat([logits, coarse_logits])
 
     def loss(out: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
@@ -232,11 +234,6 @@ def coarse_context_loss(class_weights: Sequence[float] | None, weight: float) ->
         return ce(out[:n], y[:, 0].long()) + weight * soft_cross_entropy(out[n:], y[:, 1:], class_weights)
     return loss, forward
 
-
-def _indexed(boxes: torch.Tensor) -> torch.Tensor:
-    """(N, 4) boxes -> (N, 5) with each box's own batch index, as ROIAlign takes them."""
-    idx = torch.arange(len(boxes), dtype=boxes.dtype, device=boxes.device)[:, None]
-    return torch.cat([idx, boxes], 1)
 
 
 class ContextDataset(StoreDataset):

@@ -28,6 +28,21 @@ def sample_dir() -> Path:
     return SAMPLE
 
 
+def two_colour_images(n: int = 2):
+    """``n`` 48x64 images of two flat colours with masks: class 0 on the left half, class 1 + k on
+    the right half of image k, the top two rows void (255); a known answer for method C's tests."""
+    import numpy as np
+    rng = np.random.default_rng(0)
+    images, masks = [], []
+    for k in range(n):
+        mask = np.zeros((48, 64), np.uint8)
+        mask[:, 32:] = 1 + k
+        mask[:2] = 255
+        images.append(np.where(mask[..., None] == 0, 60, 190).astype(np.uint8) + rng.integers(0, 9, (48, 64, 3), np.uint8))
+        masks.append(mask)
+    return images, masks
+
+
 def copy_sample(dst: Path, ids: list[str]) -> Path:
     """A dataset folder holding only ``ids`` of the bundled sample."""
     (dst / "images").mkdir(parents=True)

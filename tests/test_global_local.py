@@ -350,15 +350,8 @@ def test_coarse_head_logits_and_loss():
     with pytest.raises(ValueError, match="coarse_head"):
         _tiny().forward_patches(patches, coarse, boxes, with_coarse=True)
     # trained with the auxiliary loss on two-colour images: the loss falls, the coarse head learns too
-    rng = np.random.default_rng(0)
-    images, masks = [], []
-    for k in range(2):
-        mask = np.zeros((48, 64), np.uint8)
-        mask[:, 32:] = 1 + k
-        mask[:2] = 255
-        image = np.where(mask[..., None] == 0, 60, 190).astype(np.uint8) + rng.integers(0, 9, (48, 64, 3), np.uint8)
-        images.append(image)
-        masks.append(mask)
+    from conftest import two_colour_images
+    images, masks = two_colour_images()
     torch.manual_seed(0)
     model = global_local(3, patch_size=32, width=8, blocks=(1, 1), coarse_head=True)
     _, losses = hr.train_highres(images, masks, model=model, patch_size=32, steps=12, batch=2, lr=1e-2, seed=0,

@@ -423,15 +423,9 @@ def test_soft_cross_entropy_of_one_hot_fractions_is_the_weighted_cross_entropy()
 def test_training_against_soft_coarse_targets_learns_the_coarse_image():
     """train_highres with coarse_targets='soft': the coarse head is trained on the class fractions,
     so after training its prediction on each coarse image follows the two halves of the mask."""
+    from conftest import two_colour_images
     from models.global_local import coarse_image, global_local, normalize
-    rng = np.random.default_rng(0)
-    images, masks = [], []
-    for k in range(2):
-        mask = np.zeros((48, 64), np.uint8)
-        mask[:, 32:] = 1 + k
-        mask[:2] = 255
-        images.append(np.where(mask[..., None] == 0, 60, 190).astype(np.uint8) + rng.integers(0, 9, (48, 64, 3), np.uint8))
-        masks.append(mask)
+    images, masks = two_colour_images()
     torch.manual_seed(0)
     model = global_local(3, patch_size=32, width=8, blocks=(1, 1), coarse_head=True)
     _, losses = hr.train_highres(images, masks, model=model, patch_size=32, steps=30, batch=2, lr=1e-2, seed=0,
