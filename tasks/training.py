@@ -235,7 +235,6 @@ def coarse_context_loss(class_weights: Sequence[float] | None, weight: float) ->
     return loss, forward
 
 
-
 class ContextDataset(StoreDataset):
     """Training samples for networks that see the whole image beside each crop.
 

@@ -12,7 +12,9 @@ os.environ.update({
     "PREFECT_HOME": str(_HOME / ".prefect"),
     "PREFECT_SERVER_ANALYTICS_ENABLED": "false",
     "PREFECT_LOGGING_LEVEL": "WARNING",
-    "PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS": "180",
+    # a busy machine can take longer to start the server: a user's setting is kept (flows/runtime.py)
+    "PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS": os.environ.get(
+        "PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS", "180"),
     "DASK_TEMPORARY_DIRECTORY": str(_HOME / "dask"),
     "DASK_LOGGING__DISTRIBUTED": "error",
     "MLFLOW_DISABLE_TELEMETRY": "true",
@@ -38,7 +40,8 @@ def two_colour_images(n: int = 2):
         mask = np.zeros((48, 64), np.uint8)
         mask[:, 32:] = 1 + k
         mask[:2] = 255
-        images.append(np.where(mask[..., None] == 0, 60, 190).astype(np.uint8) + rng.integers(0, 9, (48, 64, 3), np.uint8))
+        noise = rng.integers(0, 9, (48, 64, 3), np.uint8)
+        images.append(np.where(mask[..., None] == 0, 60, 190).astype(np.uint8) + noise)
         masks.append(mask)
     return images, masks
 
@@ -65,9 +68,8 @@ def copy_sample(dst: Path, ids: list[str]) -> Path:
 def prefect_harness():
     from prefect.testing.utilities import prefect_test_harness
 
-    # a busy machine can take longer to start the server: the same setting as the commands' (flows/runtime.py)
-    with prefect_test_harness(server_startup_timeout=int(os.environ.get("PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS",
-                                                                        "180"))):
+    timeout = int(os.environ["PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS"])
+    with prefect_test_harness(server_startup_timeout=timeout):
         yield
 
 
