@@ -318,11 +318,13 @@ def cmd_evaluate(args) -> int:
     gate = (f" (gated by the image classifier; ungated {res['ungated_miou']:.4f})"
             if res.get("gated") else "")
     print(f"round {res['round']} {args.source} on {args.split}: mIoU {res['miou']:.4f}, "
-          f"pixel accuracy {res['pixel_accuracy']:.4f}, mean class accuracy {res['mean_class_accuracy']:.4f}{gate}")
-    print(f"  {'class':>12} {'IoU':>6} {'acc.':>6}")
+          f"pixel accuracy {res['pixel_accuracy']:.4f}, mean class accuracy {res['mean_class_accuracy']:.4f}{gate}; "
+          f"mIoU {res['chance_miou']:.4f} at chance (the same class shares placed at random)")
+    f = lambda v: "-" if v is None else f"{v:.3f}"  # noqa: E731
+    print(f"  {'class':>12} {'IoU':>6} {'acc.':>6} {'chance':>6}")
     for name, v in res["per_class_iou"].items():
         a = res.get("per_class_accuracy", {}).get(name)
-        print(f"  {name:>12} {'-' if v is None else f'{v:.3f}':>6} {'-' if a is None else f'{a:.3f}':>6}")
+        print(f"  {name:>12} {f(v):>6} {f(a):>6} {f(res['per_class_chance_iou'].get(name)):>6}")
     return 0
 
 

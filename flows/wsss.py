@@ -292,6 +292,7 @@ def report_round(store: Store, r: int, records: list[ImageRecord], config: WSSSC
     ev = evaluate_sources(str(store.root), records, sources, config.shard_size, stage=f"r{r} evaluate")
     summary = {"round": r, "pseudo_label_miou": ev.get(f"{r}:pseudo", {}).get("miou"),
                "pseudo_label_class_accuracy": ev.get(f"{r}:pseudo", {}).get("mean_class_accuracy"),
+               "pseudo_label_chance_miou": ev.get(f"{r}:pseudo", {}).get("chance_miou"),
                "changed_share": changed, "ignore_share": ignored,
                "wall_seconds": seconds, "mlflow_run_id": run_id,
                "feature_key": feature_key, "images": len(records),
@@ -303,8 +304,9 @@ def report_round(store: Store, r: int, records: list[ImageRecord], config: WSSSC
         summary["cam_miou"] = ev["0:cam"]["miou"]
         summary["cam_per_class_iou"] = ev["0:cam"]["per_class_iou"]
         summary["cam_class_accuracy"] = ev["0:cam"]["mean_class_accuracy"]
-    tracker.log_metrics({k: summary[k] for k in ("pseudo_label_miou", "pseudo_label_class_accuracy", "changed_share",
-                                                 "ignore_share", "wall_seconds")}, step=r)
+    tracker.log_metrics({k: summary[k] for k in ("pseudo_label_miou", "pseudo_label_class_accuracy",
+                                                 "pseudo_label_chance_miou", "changed_share", "ignore_share",
+                                                 "wall_seconds")}, step=r)
     pic = store.round_dir(r) / "overlay.png"
     overlay_grid(store, pick_overlay_records(records, with_mask=False),
                  [("pseudo-label", r, "pseudo")] + ([("CAM", 0, "cam")] if r == 0 else []), pic)

@@ -112,14 +112,17 @@ def quality_result(*, data: str, store: Store, config: WSSSConfig, records: list
         "split": config.split, "eval_split": eval_split, "images": len(records), "eval_images": eval_images,
         "pseudo_label_miou": ours["miou"], "pseudo_label_pixel_accuracy": ours["pixel_accuracy"],
         "pseudo_label_class_accuracy": ours.get("mean_class_accuracy"),
+        "pseudo_label_chance_miou": ours.get("chance_miou"),
         "final_round": final_r, "converged": summary["converged"], "stop_reason": summary.get("stop_reason"),
         "foreground": summary.get("foreground"),
         "rounds": [{"round": int(r["round"]), "pseudo_label_miou": r["pseudo_label_miou"],
                     "pseudo_label_class_accuracy": r.get("pseudo_label_class_accuracy"),
+                    "pseudo_label_chance_miou": r.get("pseudo_label_chance_miou"),
                     "changed_share": r["changed_share"], "ignore_share": r["ignore_share"],
                     "wall_seconds": r["wall_seconds"]} for r in rounds],
         "baselines": {name: {"miou": labels[f"0:{name}"]["miou"], "pixel_accuracy": labels[f"0:{name}"]["pixel_accuracy"],
-                             "class_accuracy": labels[f"0:{name}"].get("mean_class_accuracy")}
+                             "class_accuracy": labels[f"0:{name}"].get("mean_class_accuracy"),
+                             "chance_miou": labels[f"0:{name}"].get("chance_miou")}
                       for name in base_names},
         "per_class_accuracy": ours.get("per_class_accuracy"),
         "wsss_model_class_accuracy": wsss_ev.get("mean_class_accuracy"),
@@ -131,6 +134,8 @@ def quality_result(*, data: str, store: Store, config: WSSSConfig, records: list
                     "wsss_over_supervised": ratio(wsss_u, sup_u)} if gated else None,
         "supervised_epochs": supervised_epochs,
         "per_class_iou": {"ours": ours["per_class_iou"]} | {n: labels[f"0:{n}"]["per_class_iou"] for n in base_names},
+        "per_class_chance_iou": {"ours": ours.get("per_class_chance_iou")}
+                                | {n: labels[f"0:{n}"].get("per_class_chance_iou") for n in base_names},
         "model_per_class_iou": {"wsss": wsss_ev.get("per_class_iou"), "supervised": sup_ev.get("per_class_iou")},
         "crf": crf, "config": config.model_dump(mode="json"), "feature_key": summary["feature_key"],
         "final_model": final_model, "supervised_model": supervised_model,

@@ -108,15 +108,21 @@ def markdown_report(res: dict) -> str:
     lines = [f"# Pseudo-label quality: {res['dataset']} ({res['split']}, {res['images']} images)", "",
              f"Pseudo-labels measured on `{res['split']}` (tags only for training, masks only here); "
              f"models measured on `{res['eval_split']}` ({res['eval_images']} images).", "",
-             "| labels on " + res["split"] + " | mIoU | mean class acc. | pixel acc. | changed | ignore |",
-             "|---|---|---|---|---|---|"]
+             "| labels on " + res["split"] + " | mIoU | mean class acc. | pixel acc. | changed | ignore | "
+             "mIoU at chance |",
+             "|---|---|---|---|---|---|---|"]
     for name in b:
         lines.append(f"| {BASELINE_TITLES.get(name, name)} | {_f(b[name]['miou'])} | {_f(b[name].get('class_accuracy'))} | "
-                     f"{_f(b[name]['pixel_accuracy'])} | | 0.0000 |")
+                     f"{_f(b[name]['pixel_accuracy'])} | | 0.0000 | {_f(b[name].get('chance_miou'))} |")
     for r in res["rounds"]:
-        final = " (final)" if r["round"] == res["final_round"] else ""
-        lines.append(f"| ours, round {r['round']}{final} | {_f(r['pseudo_label_miou'])} | "
-                     f"{_f(r.get('pseudo_label_class_accuracy'))} | | {_f(r['changed_share'])} | {_f(r['ignore_share'])} |")
+        final = r["round"] == res["final_round"]
+        chance = r.get("pseudo_label_chance_miou", res.get("pseudo_label_chance_miou") if final else None)
+        lines.append(f"| ours, round {r['round']}{' (final)' if final else ''} | {_f(r['pseudo_label_miou'])} | "
+                     f"{_f(r.get('pseudo_label_class_accuracy'))} | | {_f(r['changed_share'])} | {_f(r['ignore_share'])} | "
+                     f"{_f(chance)} |")
+    lines += ["", "mIoU at chance: what labels with the same class shares would score placed at random "
+                  "(tasks.metrics.chance_iou_from_confusion); a source near it knows how much of each class "
+                  "there is, not where."]
     if res.get("stop_reason"):
         lines += ["", f"Stopped: {res['stop_reason']}."]
     if res.get("foreground"):
@@ -148,11 +154,12 @@ def markdown_report(res: dict) -> str:
     names = list(pc["ours"])
     cols = [k for k in pc if k != "ours"] + ["ours"]
     acc = res.get("per_class_accuracy") or {}
+    chance = (res.get("per_class_chance_iou") or {}).get("ours") or {}
     lines += ["", "## Per-class IoU (pseudo-labels)", "",
-              "| class | " + " | ".join(SHORT_TITLES.get(k, k) for k in cols) + " | ours, pixel acc. |",
-              "|---|" + "---|" * (len(cols) + 1)]
-    lines += [f"| {c} | " + " | ".join(_f(pc[k].get(c), 3) for k in cols) + f" | {_f(acc.get(c), 3)} |"
-              for c in names if any(pc[k].get(c) is not None for k in cols)]
+              "| class | " + " | ".join(SHORT_TITLES.get(k, k) for k in cols) + " | ours, pixel acc. | ours at chance |",
+              "|---|" + "---|" * (len(cols) + 2)]
+    lines += [f"| {c} | " + " | ".join(_f(pc[k].get(c), 3) for k in cols) + f" | {_f(acc.get(c), 3)} | "
+              f"{_f(chance.get(c), 3)} |" for c in names if any(pc[k].get(c) is not None for k in cols)]
     if res.get("ablations"):
         ref_r = res.get("ablation_round", res["final_round"])
         ref = res.get("ablation_reference_miou", res["pseudo_label_miou"])

@@ -7,7 +7,7 @@ from typing import Sequence
 
 import numpy as np
 
-from tasks.metrics import class_accuracy_from_confusion, iou_from_confusion
+from tasks.metrics import chance_iou_from_confusion, class_accuracy_from_confusion, iou_from_confusion
 
 #: the columns of the rounds table
 ROW_KEYS = ("round", "pseudo_label_miou", "pseudo_label_class_accuracy", "changed_share", "ignore_share",
@@ -47,8 +47,10 @@ def reverted_of(results: Sequence[dict]) -> float:
 
 
 def source_scores(confusions: Sequence[dict], class_names: Sequence[str]) -> dict[str, dict]:
-    """mIoU, pixel accuracy, mean per-class pixel accuracy (``mean_class_accuracy``) and the
-    per-class IoU and accuracy of each label source, from the per-shard confusion matrices of
+    """mIoU, pixel accuracy, mean per-class pixel accuracy (``mean_class_accuracy``), the mIoU of
+    the same class shares placed at random (``chance_miou``:
+    :func:`tasks.metrics.chance_iou_from_confusion`) and the per-class IoU, accuracy and chance IoU
+    of each label source, from the per-shard confusion matrices of
     :func:`tasks.pipeline.evaluate_shard` (summed over the shards)."""
     out = {}
     if not confusions:
@@ -59,9 +61,11 @@ def source_scores(confusions: Sequence[dict], class_names: Sequence[str]) -> dic
         conf = sum(np.asarray(r[k], np.int64) for r in confusions)
         per_class, miou = iou_from_confusion(conf)
         per_class_acc, mean_acc = class_accuracy_from_confusion(conf)
+        per_class_chance, chance = chance_iou_from_confusion(conf)
         out[k] = {"miou": float(miou), "pixel_accuracy": float(np.trace(conf[:, :-1]) / max(conf.sum(), 1)),
-                  "mean_class_accuracy": float(mean_acc),
-                  "per_class_iou": by_name(per_class), "per_class_accuracy": by_name(per_class_acc)}
+                  "mean_class_accuracy": float(mean_acc), "chance_miou": float(chance),
+                  "per_class_iou": by_name(per_class), "per_class_accuracy": by_name(per_class_acc),
+                  "per_class_chance_iou": by_name(per_class_chance)}
     return out
 
 

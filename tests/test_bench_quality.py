@@ -207,7 +207,7 @@ def test_seed_summary_and_compared_networks():
 def test_markdown_report_shows_box_grabcut_class_accuracy_and_the_final_round():
     from tasks.report import markdown_report
 
-    base = {"miou": 0.5, "pixel_accuracy": 0.8, "class_accuracy": 0.6}
+    base = {"miou": 0.5, "pixel_accuracy": 0.8, "class_accuracy": 0.6, "chance_miou": 0.3}
     res = {"dataset": "objects", "split": "train", "images": 3, "eval_split": "val", "eval_images": 1,
            "baselines": {"cam": base, "cam_crf": base, "box_grabcut": {**base, "class_accuracy": 0.7}},
            "rounds": [{"round": 0, "pseudo_label_miou": 0.71, "pseudo_label_class_accuracy": 0.83,
@@ -221,12 +221,18 @@ def test_markdown_report_shows_box_grabcut_class_accuracy_and_the_final_round():
            "per_class_iou": {"ours": {"background": 0.78, "object": 0.64}, "cam": {"background": 0.1, "object": 0.3},
                              "cam_crf": {"background": 0.1, "object": 0.3},
                              "box_grabcut": {"background": 0.8, "object": 0.62}},
-           "per_class_accuracy": {"background": 0.9, "object": 0.77},
+           "per_class_accuracy": {"background": 0.9, "object": 0.77}, "pseudo_label_chance_miou": 0.45,
+           "per_class_chance_iou": {"ours": {"background": 0.6, "object": 0.3}},
            "warnings": ["no tag contrast: ..."], "wall_seconds": 1.0, "stage_seconds": {"ingest": 1.0}}
     md = markdown_report(res)
-    assert "| labels on train | mIoU | mean class acc. | pixel acc. | changed | ignore |" in md
+    assert "| labels on train | mIoU | mean class acc. | pixel acc. | changed | ignore | mIoU at chance |" in md
+    # the chance level of the final round (from the result when its round summary predates it)
+    # and of a baseline, and the per-class chance column of ours
+    assert "| ours, round 0 (final) | 0.7100 | 0.8300 | | 0.6000 | 0.0000 | 0.4500 |" in md
+    assert "| ours, round 1 | 0.6400 | 0.7800 | | 0.0800 | 0.0000 | - |" in md
+    assert "| CAM (round 0) | 0.5000 | 0.6000 | 0.8000 | | 0.0000 | 0.3000 |" in md
     assert "| box GrabCut (10% inset, 3 iterations, per image) | 0.5000 | 0.7000 | 0.8000 |" in md
     assert "| ours, round 0 (final) | 0.7100 | 0.8300 |" in md and "| ours, round 1 | 0.6400 | 0.7800 |" in md
     assert "Stopped: oscillation" in md and "foreground path: on" in md and "- no tag contrast" in md
-    assert "| object | 0.300 | 0.300 | 0.620 | 0.640 | 0.770 |" in md
+    assert "| object | 0.300 | 0.300 | 0.620 | 0.640 | 0.770 | 0.300 |" in md
     assert "| WSSS model, mean class accuracy | 0.5500 |" in md

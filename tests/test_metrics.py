@@ -125,6 +125,38 @@ def test_source_scores_report_class_accuracy_beside_miou():
     assert out["mean_class_accuracy"] == pytest.approx((0.75 + 0.75 + 5 / 6) / 3)
     assert out["per_class_accuracy"] == {"a": 0.75, "b": 0.75, "c": pytest.approx(5 / 6), "d": None}
     assert out["miou"] == pytest.approx(iou_from_confusion(conf)[1])
+    from tasks.metrics import chance_iou_from_confusion
+    assert out["chance_miou"] == pytest.approx(chance_iou_from_confusion(conf)[1])
+    assert out["per_class_chance_iou"]["d"] is None and out["per_class_chance_iou"]["a"] == pytest.approx(
+        chance_iou_from_confusion(conf)[0][0])
+
+
+def test_chance_iou_is_what_labels_placed_at_random_score():
+    from tasks.metrics import chance_iou_from_confusion
+
+    # 10 pixels, truth 6 of class 0 and 4 of class 1, prediction the same shares: the expected
+    # overlaps are 6*6/10 and 4*4/10, whatever the prediction's diagonal
+    for conf in ([[6, 0], [0, 4]], [[2, 4], [4, 0]]):
+        per_class, miou = chance_iou_from_confusion(np.array(conf))
+        assert per_class.tolist() == pytest.approx([3.6 / 8.4, 1.6 / 6.4]) and miou == pytest.approx(
+            (3.6 / 8.4 + 0.25) / 2)
+    # labels drawn independently of the truth with known shares score their chance level: a
+    # two-thirds background truth labelled 90 % background at random gives background IoU 0.62
+    rng = np.random.default_rng(0)
+    gt = (rng.random(1_000_000) < 1 / 3).astype(np.uint8)
+    pred = (rng.random(1_000_000) < 0.1).astype(np.uint8)
+    acc = ConfusionAccumulator(2)
+    acc.update(pred, gt)
+    chance = chance_iou_from_confusion(acc.conf)[0]
+    assert acc.per_class == pytest.approx(chance, abs=2e-3) and chance[0] == pytest.approx(0.6207, abs=3e-3)
+    assert acc.chance_miou == pytest.approx(acc.miou, abs=2e-3)
+    # labels that know where things are score well above it; undecided pixels stay undecided
+    assert iou_from_confusion(confusion_matrix(gt, gt, 2))[1] > acc.chance_miou + 0.5
+    per_class, _ = chance_iou_from_confusion(confusion_matrix(PRED, GT, 4))
+    conf = confusion_matrix(PRED, GT, 4).astype(float)
+    n, gt_c, pred_c = conf.sum(), conf.sum(1), conf[:, :4].sum(0)
+    assert per_class[0] == pytest.approx((gt_c[0] * pred_c[0] / n) / (gt_c[0] + pred_c[0] - gt_c[0] * pred_c[0] / n))
+    assert np.isnan(per_class[3])
 
 
 def test_reverted_share_counts_changes_that_go_back():
