@@ -163,11 +163,13 @@ DEMO_CONFIG = {
 
 
 def print_rounds(rows: list[dict], stream=sys.stdout) -> None:
-    print(f"{'round':>6} {'mIoU':>7} {'cls acc':>7} {'changed':>8} {'ignore':>7} {'wall s':>7}", file=stream)
+    print(f"{'round':>6} {'mIoU':>7} {'cls acc':>7} {'chance':>7} {'changed':>8} {'ignore':>7} {'wall s':>7}",
+          file=stream)
     for r in rows:
         f = lambda v, p=3: "-" if v is None else f"{v:.{p}f}"
         print(f"{str(r['round']):>6} {f(r['pseudo_label_miou']):>7} {f(r.get('pseudo_label_class_accuracy')):>7} "
-              f"{f(r['changed_share']):>8} {f(r['ignore_share']):>7} {f(r['wall_seconds'], 1):>7}", file=stream)
+              f"{f(r.get('pseudo_label_chance_miou')):>7} {f(r['changed_share']):>8} {f(r['ignore_share']):>7} "
+              f"{f(r['wall_seconds'], 1):>7}", file=stream)
 
 
 def print_final(s: dict, stream=sys.stdout) -> None:

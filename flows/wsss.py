@@ -304,6 +304,7 @@ def report_round(store: Store, r: int, records: list[ImageRecord], config: WSSSC
         summary["cam_miou"] = ev["0:cam"]["miou"]
         summary["cam_per_class_iou"] = ev["0:cam"]["per_class_iou"]
         summary["cam_class_accuracy"] = ev["0:cam"]["mean_class_accuracy"]
+        summary["cam_chance_miou"] = ev["0:cam"]["chance_miou"]
     tracker.log_metrics({k: summary[k] for k in ("pseudo_label_miou", "pseudo_label_class_accuracy",
                                                  "pseudo_label_chance_miou", "changed_share", "ignore_share",
                                                  "wall_seconds")}, step=r)
@@ -357,7 +358,8 @@ def train_wsss(run_dir: str, config: WSSSConfig = WSSSConfig(), dask_address: st
                                                         final_model or r < config.max_rounds - 1)
             if r == 0:
                 rows.append({"round": "cam", "pseudo_label_miou": s.get("cam_miou"),
-                             "pseudo_label_class_accuracy": s.get("cam_class_accuracy"), "changed_share": None,
+                             "pseudo_label_class_accuracy": s.get("cam_class_accuracy"),
+                             "pseudo_label_chance_miou": s.get("cam_chance_miou"), "changed_share": None,
                              "ignore_share": 0.0, "wall_seconds": cls_seconds})
             rows.append(row(s) | {"mlflow_run_id": s["mlflow_run_id"]})
             # 9. stopping (tasks.stopping): converged, oscillating, or the round budget

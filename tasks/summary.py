@@ -10,7 +10,8 @@ import numpy as np
 from tasks.metrics import chance_iou_from_confusion, class_accuracy_from_confusion, iou_from_confusion
 
 #: the columns of the rounds table
-ROW_KEYS = ("round", "pseudo_label_miou", "pseudo_label_class_accuracy", "changed_share", "ignore_share",
+ROW_KEYS = ("round", "pseudo_label_miou", "pseudo_label_class_accuracy", "pseudo_label_chance_miou",
+            "changed_share", "ignore_share",
             "wall_seconds")
 
 

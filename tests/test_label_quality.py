@@ -221,8 +221,9 @@ def test_one_class_corpus_warns_at_ingest_and_train_and_takes_the_foreground_pat
     assert json.loads((run / "summary.json").read_text())["warnings"] == t["warnings"]
     art = _artifact("train-wsss")
     assert t["warnings"][0] in art and "Final: round 0" in art and "pseudo_label_class_accuracy" in art
+    assert "pseudo_label_chance_miou" in art
     for row in t["rounds"]:
-        assert 0.0 <= row["pseudo_label_class_accuracy"] <= 1.0
+        assert 0.0 <= row["pseudo_label_class_accuracy"] <= 1.0 and 0.0 <= row["pseudo_label_chance_miou"] <= 1.0
     # round 0's preliminary result is the image's saliency (the one object tag takes all of the
     # foreground), not the CAM against a constant background score
     from tasks.feature_cache import load_features
