@@ -111,10 +111,16 @@ def iou_from_confusion(conf):
     gt_total = conf.sum(axis=1)
     pred_total = conf[:, :k].sum(axis=0)
     union = gt_total + pred_total - tp
-    with np.errstate(invalid="ignore", divide="ignore"):
-        per_class = np.where(union > 0, tp / np.where(union > 0, union, 1), np.nan)
-    miou = float(np.nanmean(per_class)) if np.any(~np.isnan(per_class)) else float("nan")
-    return per_class, miou
+    return _ratio_and_mean(tp, union)
+
+
+def _ratio_and_mean(num: np.ndarray, den: np.ndarray) -> tuple[np.ndarray, float]:
+    """Per-class ``num / den`` (NaN where ``den`` is 0) and its mean over the non-NaN classes
+    (NaN if none)."""
+    per_class = np.full(den.shape, np.nan)
+    np.divide(num, den, out=per_class, where=den > 0)
+    mean = float(np.nanmean(per_class)) if np.any(~np.isnan(per_class)) else float("nan")
+    return per_class, mean
 
 
 def _checked_confusion(conf) -> np.ndarray:
@@ -152,10 +158,7 @@ def class_accuracy_from_confusion(conf):
     k = conf.shape[0]
     tp = np.diag(conf[:, :k])
     gt_total = conf.sum(axis=1)
-    with np.errstate(invalid="ignore", divide="ignore"):
-        per_class = np.where(gt_total > 0, tp / np.where(gt_total > 0, gt_total, 1), np.nan)
-    mean = float(np.nanmean(per_class)) if np.any(~np.isnan(per_class)) else float("nan")
-    return per_class, mean
+    return _ratio_and_mean(tp, gt_total)
 
 
 def chance_iou_from_confusion(conf):
@@ -196,10 +199,7 @@ def chance_iou_from_confusion(conf):
     pred_total = conf[:, :k].sum(axis=0)
     overlap = gt_total * pred_total / max(n, 1.0)
     union = gt_total + pred_total - overlap
-    with np.errstate(invalid="ignore", divide="ignore"):
-        per_class = np.where(union > 0, overlap / np.where(union > 0, union, 1), np.nan)
-    miou = float(np.nanmean(per_class)) if np.any(~np.isnan(per_class)) else float("nan")
-    return per_class, miou
+    return _ratio_and_mean(overlap, union)
 
 
 def changed_share(a, b):
