@@ -249,8 +249,9 @@ class WSSSConfig(BaseModel):
         "oscillation: a round (from round 1) whose pseudo-labels mostly undo the round before (at least half of "
         "the pixels it changed go back to their label of two rounds before, the CAM labels for round 1) ends the "
         "rounds, and the round before is final: its labels, and the final model trained on them. Needs no mask. "
-        "On the bundled demo round 2 sends 0.55 of its changes back (0.557 -> 0.532 mIoU), on msrc21 train "
-        "0.39 (0.665 -> 0.676). budget: the last round run is final"))
+        "On the bundled demo round 2 sends 0.55 of its changes back (0.557 -> 0.532 mIoU) on one machine but 0.41 "
+        "(0.536 -> 0.502, not caught) on another, on msrc21 train 0.39 (0.665 -> 0.676). budget: the last round "
+        "run is final"))
     split: str = "train"
     shard_size: int = Field(64, ge=1, description=(
         "images per shard task (the unit of work on a Dask worker); grown for a large corpus so that a "
