@@ -105,13 +105,8 @@ def iou_from_confusion(conf):
     miou : float
         Mean over the non-NaN entries (NaN if all are NaN).
     """
-    conf = _checked_confusion(conf)
-    k = conf.shape[0]
-    tp = np.diag(conf[:, :k])
-    gt_total = conf.sum(axis=1)
-    pred_total = conf[:, :k].sum(axis=0)
-    union = gt_total + pred_total - tp
-    return _ratio_and_mean(tp, union)
+    tp, gt_total, pred_total = _margins(conf)
+    return _ratio_and_mean(tp, gt_total + pred_total - tp)
 
 
 def _ratio_and_mean(num: np.ndarray, den: np.ndarray) -> tuple[np.ndarray, float]:
@@ -121,6 +116,14 @@ def _ratio_and_mean(num: np.ndarray, den: np.ndarray) -> tuple[np.ndarray, float
     np.divide(num, den, out=per_class, where=den > 0)
     mean = float(np.nanmean(per_class)) if np.any(~np.isnan(per_class)) else float("nan")
     return per_class, mean
+
+
+def _margins(conf) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Per-class true positives, truth totals (row sums, undecided predictions included) and
+    prediction totals (column sums, undecided left out) of a checked ``conf``."""
+    conf = _checked_confusion(conf)
+    k = conf.shape[0]
+    return np.diag(conf[:, :k]), conf.sum(axis=1), conf[:, :k].sum(axis=0)
 
 
 def _checked_confusion(conf) -> np.ndarray:
@@ -154,10 +157,7 @@ def class_accuracy_from_confusion(conf):
     >>> per_class.tolist(), mean
     ([0.75, 1.0], 0.875)
     """
-    conf = _checked_confusion(conf)
-    k = conf.shape[0]
-    tp = np.diag(conf[:, :k])
-    gt_total = conf.sum(axis=1)
+    tp, gt_total, _ = _margins(conf)
     return _ratio_and_mean(tp, gt_total)
 
 
@@ -192,14 +192,9 @@ def chance_iou_from_confusion(conf):
     >>> [round(v, 4) for v in per_class.tolist()], round(miou, 4)
     ([0.4286, 0.25], 0.3393)
     """
-    conf = _checked_confusion(conf)
-    k = conf.shape[0]
-    n = conf.sum()
-    gt_total = conf.sum(axis=1)
-    pred_total = conf[:, :k].sum(axis=0)
-    overlap = gt_total * pred_total / max(n, 1.0)
-    union = gt_total + pred_total - overlap
-    return _ratio_and_mean(overlap, union)
+    _, gt_total, pred_total = _margins(conf)
+    overlap = gt_total * pred_total / max(gt_total.sum(), 1.0)
+    return _ratio_and_mean(overlap, gt_total + pred_total - overlap)
 
 
 def changed_share(a, b):

@@ -116,7 +116,9 @@ def markdown_report(res: dict) -> str:
                      f"{_f(b[name]['pixel_accuracy'])} | | 0.0000 | {_f(b[name].get('chance_miou'))} |")
     for r in res["rounds"]:
         final = r["round"] == res["final_round"]
-        chance = r.get("pseudo_label_chance_miou", res.get("pseudo_label_chance_miou") if final else None)
+        chance = r.get("pseudo_label_chance_miou")
+        if chance is None and final:  # a round summary from before the figure existed: the result's
+            chance = res.get("pseudo_label_chance_miou")
         lines.append(f"| ours, round {r['round']}{' (final)' if final else ''} | {_f(r['pseudo_label_miou'])} | "
                      f"{_f(r.get('pseudo_label_class_accuracy'))} | | {_f(r['changed_share'])} | {_f(r['ignore_share'])} | "
                      f"{_f(chance)} |")

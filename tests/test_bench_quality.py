@@ -235,4 +235,7 @@ def test_markdown_report_shows_box_grabcut_class_accuracy_and_the_final_round():
     assert "| ours, round 0 (final) | 0.7100 | 0.8300 |" in md and "| ours, round 1 | 0.6400 | 0.7800 |" in md
     assert "Stopped: oscillation" in md and "foreground path: on" in md and "- no tag contrast" in md
     assert "| object | 0.300 | 0.300 | 0.620 | 0.640 | 0.770 | 0.300 |" in md
+    # quality_result always writes the round's key; None (an older round summary) falls back too
+    res["rounds"][0]["pseudo_label_chance_miou"] = None
+    assert "| ours, round 0 (final) | 0.7100 | 0.8300 | | 0.6000 | 0.0000 | 0.4500 |" in markdown_report(res)
     assert "| WSSS model, mean class accuracy | 0.5500 |" in md
