@@ -16,6 +16,8 @@ __all__ = [
     "changed_share",
     "reverted_share",
     "ignore_share",
+    "tag_log_shares",
+    "tag_coverage",
     "ConfusionAccumulator",
 ]
 
@@ -242,6 +244,57 @@ def reverted_share(label, previous, before):
     if label.size == 0:
         return 0.0
     return float(np.count_nonzero((label != previous) & (label == before)) / label.size)
+
+
+#: the smallest label share :func:`tag_log_shares` takes the log of (0.1 % of the image): a tagged
+#: class the labels leave out counts as log(0.001), not minus infinity
+SHARE_FLOOR = 1e-3
+
+
+def tag_log_shares(label, tags, n_classes, *, floor=SHARE_FLOOR):
+    """Per tagged class, the log of its share of a label map's pixels.
+
+    Parameters
+    ----------
+    label : (H, W) integer array of class indices (``255``: undecided, counted in the image's size)
+    tags : sequence of int
+        The classes the image is tagged with (the stopping rule adds the implicit background).
+    n_classes : int
+    floor : float
+        Shares below it count as ``floor``.
+
+    Returns
+    -------
+    log_share : (n_classes,) float array: ``log(max(share, floor))`` at the tagged classes, 0 elsewhere.
+    tagged : (n_classes,) int array: 1 at the tagged classes.
+
+    Examples
+    --------
+    >>> s, t = tag_log_shares(np.array([[0, 0], [0, 1]]), [0, 2], 3)
+    >>> np.round(np.exp(s), 3).tolist(), t.tolist()
+    ([0.75, 1.0, 0.001], [1, 0, 1])
+    """
+    label = np.asarray(label)
+    tagged = np.zeros(n_classes, np.int64)
+    tagged[list(tags)] = 1
+    counts = np.bincount(label[label < n_classes].ravel(), minlength=n_classes)[:n_classes]
+    shares = counts / max(label.size, 1)
+    return np.where(tagged > 0, np.log(np.maximum(shares, floor)), 0.0), tagged
+
+
+def tag_coverage(log_share_sums, tagged_counts):
+    """Mean over the tagged classes of the mean log label share on the images tagged with them
+    (sums of :func:`tag_log_shares` over images): 0 when every tagged class fills its images,
+    ``log(floor)`` when the labels leave every tagged class out; NaN without any tag.
+
+    >>> round(tag_coverage(np.array([np.log(0.5) * 2, 0.0, np.log(0.25)]), np.array([2, 0, 1])), 4)
+    -1.0397
+    """
+    sums, counts = np.asarray(log_share_sums, float), np.asarray(tagged_counts, float)
+    seen = counts > 0
+    if not seen.any():
+        return float("nan")
+    return float(np.mean(sums[seen] / counts[seen]))
 
 
 def ignore_share(label, *, ignore_index=255):

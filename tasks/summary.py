@@ -7,11 +7,11 @@ from typing import Sequence
 
 import numpy as np
 
-from tasks.metrics import chance_iou_from_confusion, class_accuracy_from_confusion, iou_from_confusion
+from tasks.metrics import chance_iou_from_confusion, class_accuracy_from_confusion, iou_from_confusion, tag_coverage
 
 #: the columns of the rounds table
 ROW_KEYS = ("round", "pseudo_label_miou", "pseudo_label_class_accuracy", "pseudo_label_chance_miou",
-            "changed_share", "ignore_share",
+            "changed_share", "ignore_share", "tag_coverage",
             "wall_seconds")
 
 
@@ -45,6 +45,15 @@ def reverted_of(results: Sequence[dict]) -> float:
     of two rounds before."""
     c = _pixel_counts(results)
     return c["reverted"] / max(c["pixels"], 1)
+
+
+def coverage_of(results: Sequence[dict]) -> float | None:
+    """The tag coverage (:func:`tasks.metrics.tag_coverage`) of the pseudo-label shards'
+    ``results``; None when a shard was finished by an older wsseg that did not record it."""
+    if not results or any("tag_log_shares" not in res for res in results):
+        return None
+    return tag_coverage(np.sum([res["tag_log_shares"] for res in results], axis=0),
+                        np.sum([res["tagged"] for res in results], axis=0))
 
 
 def source_scores(confusions: Sequence[dict], class_names: Sequence[str]) -> dict[str, dict]:

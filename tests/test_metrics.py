@@ -184,3 +184,51 @@ def test_round_shares_from_shard_pixel_counts_and_from_older_per_image_stats():
            new[1]]
     assert label_shares(new) == (80 / 400, 60 / 400) and reverted_of(new) == 3 / 400
     assert label_shares(old) == pytest.approx((80 / 400, 60 / 400)) and reverted_of(old) == pytest.approx(3 / 400)
+
+
+def test_tag_coverage_known_by_construction():
+    """Tag coverage (the stopping rule's signal): the mean over tagged classes of the mean log
+    label share on their images. Hand-counted: image A (tags 0, 1) labelled 3/4 class 0 and 1/4
+    class 1, image B (tag 1) all class 1; a class the labels leave out counts as the floor."""
+    from tasks.metrics import SHARE_FLOOR, tag_coverage, tag_log_shares
+    from tasks.summary import coverage_of
+
+    a = np.array([[0, 0], [0, 1]], np.uint8)
+    b = np.ones((2, 2), np.uint8)
+    la, ta = tag_log_shares(a, [0, 1], 3)
+    lb, tb = tag_log_shares(b, [1], 3)
+    assert ta.tolist() == [1, 1, 0] and tb.tolist() == [0, 1, 0]
+    assert la == pytest.approx([np.log(0.75), np.log(0.25), 0.0]) and lb == pytest.approx([0.0, 0.0, 0.0])
+    # class 0: log 0.75 on its one image; class 1: (log 0.25 + log 1) / 2 on its two
+    expected = (np.log(0.75) + np.log(0.25) / 2) / 2
+    assert tag_coverage(la + lb, ta + tb) == pytest.approx(expected)
+    # undecided pixels (255) count in the image's size, not for any class
+    lu, _ = tag_log_shares(np.array([[0, 255], [255, 255]], np.uint8), [0], 3)
+    assert lu[0] == pytest.approx(np.log(0.25))
+    # a tagged class absent from the labels: log(floor), not -inf
+    lm, _ = tag_log_shares(b, [0, 1], 3)
+    assert lm[0] == pytest.approx(np.log(SHARE_FLOOR))
+    assert np.isnan(tag_coverage(np.zeros(3), np.zeros(3)))
+    # summed over shards as tasks.pipeline.pseudo_shard records it; None for an older wsseg's shard
+    shards = [{"tag_log_shares": la.tolist(), "tagged": ta.tolist()}, {"tag_log_shares": lb.tolist(), "tagged": tb.tolist()}]
+    assert coverage_of(shards) == pytest.approx(expected)
+    assert coverage_of(shards + [{"pixels": 4}]) is None and coverage_of([]) is None
+
+
+def test_tag_coverage_falls_when_a_large_class_eats_a_small_one():
+    """The drift the stopping rule is after: images tagged (sky, bird), the bird 5 % of each; labels
+    that give half the bird to the sky score lower, labels that find all of it higher."""
+    from tasks.metrics import tag_coverage, tag_log_shares
+
+    def coverage(bird_rows):
+        sums, counts = np.zeros(2), np.zeros(2)
+        for _ in range(10):
+            label = np.zeros((100, 100), np.uint8)
+            label[:bird_rows] = 1
+            s, t = tag_log_shares(label, [0, 1], 2)
+            sums, counts = sums + s, counts + t
+        return tag_coverage(sums, counts)
+
+    assert coverage(2) < coverage(5)
+    # its blind side: a bird grown past its true size scores higher too (the rule cannot know the size)
+    assert coverage(10) > coverage(5)
