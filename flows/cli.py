@@ -163,13 +163,13 @@ DEMO_CONFIG = {
 
 
 def print_rounds(rows: list[dict], stream=sys.stdout) -> None:
-    print(f"{'round':>6} {'mIoU':>7} {'cls acc':>7} {'chance':>7} {'changed':>8} {'ignore':>7} {'wall s':>7}",
-          file=stream)
+    print(f"{'round':>6} {'mIoU':>7} {'cls acc':>7} {'chance':>7} {'changed':>8} {'ignore':>7} {'cover':>7} "
+          f"{'wall s':>7}", file=stream)
     for r in rows:
         f = lambda v, p=3: "-" if v is None else f"{v:.{p}f}"
         print(f"{str(r['round']):>6} {f(r['pseudo_label_miou']):>7} {f(r.get('pseudo_label_class_accuracy')):>7} "
               f"{f(r.get('pseudo_label_chance_miou')):>7} {f(r['changed_share']):>8} {f(r['ignore_share']):>7} "
-              f"{f(r['wall_seconds'], 1):>7}", file=stream)
+              f"{f(r.get('tag_coverage')):>7} {f(r['wall_seconds'], 1):>7}", file=stream)
 
 
 def print_final(s: dict, stream=sys.stdout) -> None:
@@ -401,7 +401,8 @@ def parser() -> argparse.ArgumentParser:
 
     p = sub.add_parser("train", help="refresh rounds until convergence (flow train_wsss)",
                        description="Run refresh rounds on the ingested corpus until the changed-pixel share falls "
-                                   "under epsilon or the round budget ends. Re-running resumes a stopped run: "
+                                   "under epsilon, a round oscillates or lowers the tag coverage (the stopping "
+                                   "option), or the round budget ends. Re-running resumes a stopped run: "
                                    "the image classifier and each round are reused only while the class list, the "
                                    "corpus content (a manifest hash) and the configuration they were computed from "
                                    "are unchanged; otherwise the command says what changed and computes them again "

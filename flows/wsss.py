@@ -34,7 +34,8 @@ from tasks.report import overlay_grid, pick_overlay_records
 from tasks.foreground import contrast_warnings
 from tasks.segmenter import final_model_config, train_segmenter
 from tasks.store import ImageRecord, Store
-from tasks.summary import label_shares, markdown_table, reverted_of, row, source_scores, warnings_markdown
+from tasks.summary import (coverage_of, label_shares, markdown_table, reverted_of, row, source_scores,
+                           warnings_markdown)
 from tasks.tracking import Tracker
 
 # Resumability comes from the store's shard markers and content-addressed caches, which survive
@@ -247,7 +248,8 @@ def refresh_round(run_dir: str, round_index: int, config: WSSSConfig, feature_ke
                               mil_weight=config.mil.prior_weight, foreground=foreground)
         changed, ignored = label_shares(results)
         # 9. whether the rounds stop here and which round's labels are final (tasks.stopping, no mask)
-        decision = stopping.decide(config, r, changed, reverted_of(results))
+        before = (store.read_round(r - 1) or {}).get("tag_coverage") if r > 0 else None
+        decision = stopping.decide(config, r, changed, reverted_of(results), coverage_of(results), before)
         # 8. correction: train the segmentation model on the pseudo-labels; the last round's
         # model (the run's final one) with the whole budget from the start, see final_model_config,
         # on the final round's labels (the round before, when this one oscillates)
@@ -260,7 +262,8 @@ def refresh_round(run_dir: str, round_index: int, config: WSSSConfig, feature_ke
         # measurement and reporting, after the method's steps
         summary = report_round(store, r, records, config, tracker, run_id, feature_key, changed, ignored, result,
                                time.perf_counter() - t0) | decision.record()
-        tracker.log_metrics({"reverted_fraction": decision.reverted}, step=r)
+        tracker.log_metrics({"reverted_fraction": decision.reverted}
+                            | ({"tag_coverage": decision.coverage} if decision.coverage is not None else {}), step=r)
     store.write_round(r, summary)
     return summary
 
@@ -360,7 +363,7 @@ def train_wsss(run_dir: str, config: WSSSConfig = WSSSConfig(), dask_address: st
                 rows.append({"round": "cam", "pseudo_label_miou": s.get("cam_miou"),
                              "pseudo_label_class_accuracy": s.get("cam_class_accuracy"),
                              "pseudo_label_chance_miou": s.get("cam_chance_miou"), "changed_share": None,
-                             "ignore_share": 0.0, "wall_seconds": cls_seconds})
+                             "ignore_share": 0.0, "tag_coverage": None, "wall_seconds": cls_seconds})
             rows.append(row(s) | {"mlflow_run_id": s["mlflow_run_id"]})
             # 9. stopping (tasks.stopping): converged, oscillating, or the round budget
             decision = s if "stops_rounds" in s else stopping.decide(config, r, s["changed_share"], 0.0).record()

@@ -19,7 +19,7 @@ from tasks.config import ClassifierConfig, FeatureConfig, ForegroundConfig, Prop
 from tasks.feature_cache import ImageFeatures, compute_features, load_edges, load_features, proposal_inputs
 from tasks.fusion import pseudo_label
 from tasks.ingest import ALPHA_BACKGROUND, decode_image, load_mask
-from tasks.metrics import ConfusionAccumulator, changed_share, ignore_share, reverted_share
+from tasks.metrics import ConfusionAccumulator, changed_share, ignore_share, reverted_share, tag_log_shares
 from tasks.progress import run_log
 from tasks.proposal_classifier import (combine_evidence, predict_proposals, round_mil_model, sp_evidence,
                                        superpixel_scores)
@@ -386,6 +386,8 @@ def pseudo_shard(run_dir: str, ids: list[str], round_index: int, key: str, cfg: 
     mil_model = round_mil_model(store, round_index)
     # pixel counts summed over the shard: a result of the same size at any shard size (nothing per image)
     totals = {"pixels": 0, "changed_pixels": 0, "reverted_pixels": 0, "ignore_pixels": 0}
+    # per class: the log label shares on the images tagged with it, summed (tasks.stopping's tag coverage)
+    log_shares, tagged = np.zeros(classes.n), np.zeros(classes.n, np.int64)
     for rec in records_by_id(store.manifest(), ids):
         label = pseudo_image(store, rec, round_index, clf, mil_model, classes, key, cfg, seed, mil_weight, foreground)
         previous = store.pseudo(round_index - 1, rec.image_id) if round_index > 0 else \
@@ -397,7 +399,9 @@ def pseudo_shard(run_dir: str, ids: list[str], round_index: int, key: str, cfg: 
         totals["changed_pixels"] += round(changed_share(label, previous) * n) if previous is not None else n
         totals["reverted_pixels"] += round(reverted_share(label, previous, before) * n)
         totals["ignore_pixels"] += round(ignore_share(label) * n)
-    result = {"images": len(ids), **totals}
+        ls, t = tag_log_shares(label, classes.tag_vector(rec.tags).nonzero()[0], classes.n)
+        log_shares, tagged = log_shares + ls, tagged + t
+    result = {"images": len(ids), **totals, "tag_log_shares": log_shares.tolist(), "tagged": tagged.tolist()}
     store.mark_shard_done(round_index, "pseudo", store.shard_name(ids), result)
     run_log(f"round {round_index} pseudo-labels: {len(ids)} images from {ids[0]}, changed share "
             f"{totals['changed_pixels'] / max(totals['pixels'], 1):.3f}")

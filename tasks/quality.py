@@ -119,7 +119,7 @@ def quality_result(*, data: str, store: Store, config: WSSSConfig, records: list
                     "pseudo_label_class_accuracy": r.get("pseudo_label_class_accuracy"),
                     "pseudo_label_chance_miou": r.get("pseudo_label_chance_miou"),
                     "changed_share": r["changed_share"], "ignore_share": r["ignore_share"],
-                    "wall_seconds": r["wall_seconds"]} for r in rounds],
+                    "tag_coverage": r.get("tag_coverage"), "wall_seconds": r["wall_seconds"]} for r in rounds],
         "baselines": {name: {"miou": labels[f"0:{name}"]["miou"], "pixel_accuracy": labels[f"0:{name}"]["pixel_accuracy"],
                              "class_accuracy": labels[f"0:{name}"].get("mean_class_accuracy"),
                              "chance_miou": labels[f"0:{name}"].get("chance_miou")}

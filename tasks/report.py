@@ -109,11 +109,11 @@ def markdown_report(res: dict) -> str:
              f"Pseudo-labels measured on `{res['split']}` (tags only for training, masks only here); "
              f"models measured on `{res['eval_split']}` ({res['eval_images']} images).", "",
              "| labels on " + res["split"] + " | mIoU | mean class acc. | pixel acc. | changed | ignore | "
-             "mIoU at chance |",
-             "|---|---|---|---|---|---|---|"]
+             "mIoU at chance | tag coverage |",
+             "|---|---|---|---|---|---|---|---|"]
     for name in b:
         lines.append(f"| {BASELINE_TITLES.get(name, name)} | {_f(b[name]['miou'])} | {_f(b[name].get('class_accuracy'))} | "
-                     f"{_f(b[name]['pixel_accuracy'])} | | 0.0000 | {_f(b[name].get('chance_miou'))} |")
+                     f"{_f(b[name]['pixel_accuracy'])} | | 0.0000 | {_f(b[name].get('chance_miou'))} | |")
     for r in res["rounds"]:
         final = r["round"] == res["final_round"]
         chance = r.get("pseudo_label_chance_miou")
@@ -121,10 +121,12 @@ def markdown_report(res: dict) -> str:
             chance = res.get("pseudo_label_chance_miou")
         lines.append(f"| ours, round {r['round']}{' (final)' if final else ''} | {_f(r['pseudo_label_miou'])} | "
                      f"{_f(r.get('pseudo_label_class_accuracy'))} | | {_f(r['changed_share'])} | {_f(r['ignore_share'])} | "
-                     f"{_f(chance)} |")
+                     f"{_f(chance)} | {_f(r.get('tag_coverage'))} |")
     lines += ["", "mIoU at chance: what labels with the same class shares would score placed at random "
                   "(tasks.metrics.chance_iou_from_confusion); a source near it knows how much of each class "
-                  "there is, not where."]
+                  "there is, not where. Tag coverage: the mean over the tagged classes (and the implicit "
+                  "background) of the mean log label share on the images tagged with them (no mask; the stopping rule ends the rounds when it "
+                  "falls, tasks.stopping)."]
     if res.get("stop_reason"):
         lines += ["", f"Stopped: {res['stop_reason']}."]
     if res.get("foreground"):

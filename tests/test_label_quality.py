@@ -176,6 +176,17 @@ def test_stopping_decisions_known_by_construction():
     assert not decide(cfg, 0, 1.0, 0.0).stop  # round 0 has nothing to go back to
     budget = WSSSConfig(max_rounds=4, stopping="budget")
     assert not decide(budget, 1, 0.10, 0.09).stop
+    # tag coverage: a round whose labels give the tagged classes less room than the round before
+    d = decide(cfg, 2, 0.10, 0.01, coverage=-1.64, previous_coverage=-1.56)
+    assert d.stop and d.final_round == 1 and not d.converged and "tag coverage fell" in d.reason
+    assert d.record()["tag_coverage"] == -1.64 and "-1.640 < -1.560" in d.reason
+    assert not decide(cfg, 2, 0.10, 0.01, coverage=-1.29, previous_coverage=-1.31).stop  # rose: go on
+    assert not decide(cfg, 0, 1.0, 0.0, coverage=-3.0, previous_coverage=None).stop
+    assert not decide(cfg, 2, 0.10, 0.01, coverage=None, previous_coverage=-1.0).stop  # an older round: no rule
+    # oscillation is checked first; "oscillation" alone and "budget" ignore the coverage
+    assert "oscillation" in decide(cfg, 1, 0.10, 0.06, coverage=-2.0, previous_coverage=-1.0).reason
+    assert not decide(WSSSConfig(max_rounds=4, stopping="oscillation"), 2, 0.1, 0.01, -2.0, -1.0).stop
+    assert not decide(budget, 2, 0.1, 0.09, -2.0, -1.0).stop
 
 
 # ---------------------------------------------------------------------------- end to end
@@ -248,7 +259,20 @@ def test_one_class_corpus_warns_at_ingest_and_train_and_takes_the_foreground_pat
                                      cfg.proposals, cfg.seed, cfg.mil.prior_weight, cfg.foreground)
         np.testing.assert_array_equal(store.pseudo(0, rec.image_id), want)
         assert set(np.unique(want)) <= {0, 1}
+    # the stopping rule's tag coverage, recomputed from the stored labels: the object tag and the
+    # implicit background on every image
+    from tasks.metrics import tag_coverage, tag_log_shares
+
+    sums, counts = np.zeros(classes.n), np.zeros(classes.n)
+    for rec in store.manifest():
+        ls, tg = tag_log_shares(store.pseudo(0, rec.image_id), np.flatnonzero(classes.tag_vector(rec.tags)), classes.n)
+        sums, counts = sums + ls, counts + tg
+    assert counts.tolist() == [6, 6]
+    coverage = t["rounds"][1]["tag_coverage"]
+    assert coverage == pytest.approx(tag_coverage(sums, counts)) and coverage < 0
+    assert "tag_coverage" in art and store.read_round(0)["tag_coverage"] == coverage
     # MLflow: why the rounds stopped, on the parent run
     mlflow.set_tracking_uri(f"sqlite:///{run / 'mlflow.db'}")
     parent = mlflow.get_run(t["mlflow_parent_run_id"])
     assert parent.data.tags["stop_reason"] == t["stop_reason"] and parent.data.metrics["final_round"] == 0
+    assert mlflow.get_run(t["rounds"][1]["mlflow_run_id"]).data.metrics["tag_coverage"] == pytest.approx(coverage)
