@@ -248,12 +248,12 @@ class WSSSConfig(BaseModel):
     stopping: Literal["auto", "oscillation", "budget"] = Field("auto", description=(
         "auto: from round 1, a round ends the rounds, and the round before is final (its labels, and the "
         "final model trained on them), when it oscillates (at least half of the pixels it changed go back to "
-        "their label of two rounds before, the CAM labels for round 1) or when its labels give the tagged "
-        "classes (and the implicit background) less room than the round before's (tag coverage: the mean over "
-        "those classes of the mean log label share on their images; tasks.stopping). Needs no mask. "
-        "Measured: the bundled demo's round 2 (0.536 -> 0.502 mIoU) lowers the coverage and round 1 is final; "
-        "msrc21 train's round 2 (0.656 -> 0.672) raises it and runs on. oscillation: the first rule alone. "
-        "budget: the last round run is final"))
+        "their label of two rounds before, the CAM labels for round 1) or, on a corpus without an implicit "
+        "background, when its labels give the tagged classes less room than the round before's (tag coverage: "
+        "the mean over the tagged classes of the mean log label share on their images; tasks.stopping). Needs "
+        "no mask. Measured: the bundled demo's round 2 (0.536 -> 0.502 mIoU) lowers the coverage and round 1 "
+        "is final; msrc21 train's round 2 (0.656 -> 0.672) raises it and is final (the budget). oscillation: "
+        "the first rule alone. budget: the last round run is final"))
     split: str = "train"
     shard_size: int = Field(64, ge=1, description=(
         "images per shard task (the unit of work on a Dask worker); grown for a large corpus so that a "

@@ -187,6 +187,8 @@ def test_stopping_decisions_known_by_construction():
     assert "oscillation" in decide(cfg, 1, 0.10, 0.06, coverage=-2.0, previous_coverage=-1.0).reason
     assert not decide(WSSSConfig(max_rounds=4, stopping="oscillation"), 2, 0.1, 0.01, -2.0, -1.0).stop
     assert not decide(budget, 2, 0.1, 0.09, -2.0, -1.0).stop
+    # off where objects trade pixels with an implicit background (coco128's round 2 shrinks them rightly)
+    assert not decide(cfg, 2, 0.10, 0.01, -2.97, -2.84, implicit_background=True).stop
 
 
 # ---------------------------------------------------------------------------- end to end
