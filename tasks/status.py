@@ -71,7 +71,7 @@ def run_status(store: Store) -> dict:
     for r in finished:
         s = store.read_round(r) or {}
         out["rounds"].append({k: s.get(k) for k in ("round", "pseudo_label_miou", "changed_share", "ignore_share",
-                                                    "wall_seconds", "train_epochs")})
+                                                    "tag_coverage", "wall_seconds", "train_epochs")})
     unfinished = [r for r in store.rounds() if r not in finished]
     if unfinished:
         r = unfinished[-1]
@@ -89,6 +89,8 @@ def run_status(store: Store) -> dict:
     if summary:
         out["final_model"] = summary.get("final_model")
         out["converged"] = summary.get("converged")
+        out["final_round"] = summary.get("final_round")
+        out["stop_reason"] = summary.get("stop_reason")
     return out
 
 
@@ -104,7 +106,7 @@ def format_status(st: dict) -> str:
     for r in st["rounds"]:
         f = lambda v: "-" if v is None else f"{v:.3f}"  # noqa: E731
         lines.append(f"round {r['round']}: pseudo-label mIoU {f(r['pseudo_label_miou'])}, changed "
-                     f"{f(r['changed_share'])}, ignore {f(r['ignore_share'])}")
+                     f"{f(r['changed_share'])}, ignore {f(r['ignore_share'])}, tag coverage {f(r.get('tag_coverage'))}")
     p = st["in_progress"]
     if p:
         lines.append(f"round {p['round']} in progress: preliminary {p['done']['prelim']}/{p['shards']} shards, "
@@ -118,6 +120,8 @@ def format_status(st: dict) -> str:
         f = st["refresh"]
         lines.append(f"last refresh ({f.get('at')}): {f.get('labelled')} image(s) labelled with round {f.get('round')}'s "
                      f"models, {f.get('core_ms_per_image', 0):.0f} core-ms per image")
+    if st.get("final_round") is not None:
+        lines.append(f"final labels: round {st['final_round']} ({st.get('stop_reason')})")
     if st.get("final_model"):
         lines.append(f"final model: {st['final_model']} (converged: {st.get('converged')})")
     if st["writer"]:

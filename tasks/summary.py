@@ -49,11 +49,13 @@ def reverted_of(results: Sequence[dict]) -> float:
 
 def coverage_of(results: Sequence[dict]) -> float | None:
     """The tag coverage (:func:`tasks.metrics.tag_coverage`) of the pseudo-label shards'
-    ``results``; None when a shard was finished by an older wsseg that did not record it."""
+    ``results``; None when a shard was finished by an older wsseg that did not record it, or no
+    image has a tag."""
     if not results or any("tag_log_shares" not in res for res in results):
         return None
-    return tag_coverage(np.sum([res["tag_log_shares"] for res in results], axis=0),
-                        np.sum([res["tagged"] for res in results], axis=0))
+    value = tag_coverage(np.sum([res["tag_log_shares"] for res in results], axis=0),
+                         np.sum([res["tagged"] for res in results], axis=0))
+    return None if np.isnan(value) else value
 
 
 def source_scores(confusions: Sequence[dict], class_names: Sequence[str]) -> dict[str, dict]:

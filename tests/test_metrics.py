@@ -213,6 +213,7 @@ def test_tag_coverage_known_by_construction():
     shards = [{"tag_log_shares": la.tolist(), "tagged": ta.tolist()}, {"tag_log_shares": lb.tolist(), "tagged": tb.tolist()}]
     assert coverage_of(shards) == pytest.approx(expected)
     assert coverage_of(shards + [{"pixels": 4}]) is None and coverage_of([]) is None
+    assert coverage_of([{"tag_log_shares": [0.0, 0.0], "tagged": [0, 0]}]) is None  # no tag: nothing to judge
 
 
 def test_tag_coverage_falls_when_a_large_class_eats_a_small_one():
