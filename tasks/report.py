@@ -125,8 +125,9 @@ def markdown_report(res: dict) -> str:
     lines += ["", "mIoU at chance: what labels with the same class shares would score placed at random "
                   "(tasks.metrics.chance_iou_from_confusion); a source near it knows how much of each class "
                   "there is, not where. Tag coverage: the mean over the tagged classes (and the implicit "
-                  "background) of the mean log label share on the images tagged with them (no mask; the stopping rule ends the rounds when it "
-                  "falls, tasks.stopping)."]
+                  "background) of the mean log label share on the images tagged with them (no mask; on a corpus "
+                  "without an implicit background the stopping rule ends the rounds when it falls, "
+                  "tasks.stopping)."]
     if res.get("stop_reason"):
         lines += ["", f"Stopped: {res['stop_reason']}."]
     if res.get("foreground"):
