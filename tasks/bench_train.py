@@ -2,7 +2,7 @@
 
 1. :func:`prepare_corpus`: ingest the bundled sample (or ``--data``) into the run directory with the
    ingest flow's per-image shard function (:func:`tasks.pipeline.ingest_shard`) and compute the
-   per-image features (:func:`tasks.pipeline.compute_features`; cached by content, so a second bench
+   per-image features (:func:`tasks.feature_cache.compute_features`; cached by content, so a second bench
    on the same run directory starts at once);
 2. :func:`measure_training`: train the network for ``steps`` optimiser steps on ``size`` x ``size``
    crops, with the ground-truth masks as labels read through the same path as real training
@@ -52,7 +52,7 @@ def prepare_corpus(run_dir: str | os.PathLike, source: str | os.PathLike = SAMPL
     records : list of ImageRecord
         Every image of the corpus (all splits) that has a mask.
     feature_key : str
-        Key of the feature cache (:func:`tasks.pipeline.feature_key` of the default
+        Key of the feature cache (:func:`tasks.feature_cache.feature_key` of the default
         :class:`tasks.config.FeatureConfig`), what :class:`flows.wsss.LabelLoader` reads edges by.
 
     Raises
@@ -63,6 +63,7 @@ def prepare_corpus(run_dir: str | os.PathLike, source: str | os.PathLike = SAMPL
     from tasks.config import FeatureConfig
     from tasks import ingest as ing
     from tasks import pipeline as pl
+    from tasks.feature_cache import compute_features, feature_key
     from tasks.store import ImageRecord, Store
 
     say = progress or (lambda s: None)
@@ -83,12 +84,12 @@ def prepare_corpus(run_dir: str | os.PathLike, source: str | os.PathLike = SAMPL
     if not records:
         raise ValueError(f"{source}: no image has a ground-truth mask; the training bench trains on the masks "
                          "(give --data a folder with masks/)")
-    fcfg = FeatureConfig().model_dump()
-    key = pl.feature_key(fcfg)
+    fcfg = FeatureConfig()
+    key = feature_key(fcfg)
     t0 = time.perf_counter()
     computed = 0
     for i, rec in enumerate(records):
-        computed += pl.compute_features(store, rec, fcfg, key)
+        computed += compute_features(store, rec, fcfg, key)
         if computed and (i + 1) % 16 == 0:
             say(f"features {i + 1}/{len(records)} ({time.perf_counter() - t0:.0f}s)")
     say(f"features of {len(records)} images ready ({computed} computed, {len(records) - computed} cached)")
