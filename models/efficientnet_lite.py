@@ -196,16 +196,15 @@ def load_pretrained(net: EfficientNetLite) -> EfficientNetLite:
     """Load the package's ImageNet weights into ``net`` strictly (``weights_only=True``). A 4th input
     channel's stem weights start at zero; a net without a head drops ``_conv_head``/``_bn1``/``_fc``;
     a head of another size keeps its own initialisation (only the 1000-class head is ImageNet's)."""
+    from tasks.store.checkpoints import CheckpointError, read_file  # the one reader of torch files
+
     path = weights_path(net.variant)
     try:
-        state = torch.load(path, map_location="cpu", weights_only=True)
-        if not isinstance(state, dict):
-            raise ValueError("not a state dict")
-    except Exception as exc:  # noqa: BLE001 - any unreadable file is the same one-line error
+        state = read_file(path)
+    except CheckpointError as exc:
         raise PretrainedWeightsError(
-            f"{path}: the weight file of package {VARIANTS[net.variant][2]} is damaged ({type(exc).__name__}: "
-            f"{str(exc).splitlines()[0] if str(exc) else 'unreadable'}); reinstall the package, or choose "
-            "encoder 'small' to train from scratch") from None
+            f"the weight file of package {VARIANTS[net.variant][2]} is damaged: {exc}; reinstall the package, "
+            "or choose encoder 'small' to train from scratch") from None
     own = net.state_dict()
     if net.num_classes <= 0:
         state = {k: v for k, v in state.items() if not k.startswith(("_conv_head.", "_bn1.", "_fc."))}
