@@ -43,6 +43,7 @@ from flows.wsss import (SHARD_TASK, compute_all_features, evaluate_sources, gate
 from tasks import ablation, quality
 from tasks.config import WSSSConfig
 from tasks.crf import CRF_DEFAULTS, cam_crf_shard
+from tasks.encoders import with_weight_digests
 from tasks.pipeline import box_grabcut_shard
 from tasks.report import write_quality_report
 from tasks.segmenter import final_model_config, train_segmenter
@@ -63,6 +64,7 @@ def bench_quality(data: str, run_dir: str, config: WSSSConfig, out: str, eval_sp
     """Steps 1-7 of the module docstring on the Dask cluster at ``dask_address``; writes ``out``
     (JSON) and the ``.md`` and ``.png`` beside it, and returns the result."""
     t0, stages = time.perf_counter(), {}
+    config = with_weight_digests(config)  # recorded with the result; train_wsss checks the run directory's
     data, store = str(Path(data).resolve()), Store(run_dir)
     quality.check_inputs(store, data, out, model_seeds)
     crf = {**CRF_DEFAULTS, **(crf or {})}

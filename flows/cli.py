@@ -89,8 +89,8 @@ def run_root(run_dir):
 def _config_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--rounds", type=int, default=None, help="round budget (default from the config: 3)")
     p.add_argument("--network", "--model", dest="network", default=None, metavar="NAME",
-                   help="segmentation network from the registry: small, fusion or global_local (default: the "
-                        "config's, small); --model is an alias")
+                   help="segmentation network from the registry: lite (ImageNet-pretrained EfficientNet-Lite0), "
+                        "small (from scratch), fusion or global_local (default: the config's, lite); --model is an alias")
     p.add_argument("--backbone-weights", nargs="+", default=None, metavar="NAME=PATH",
                    help="torchvision ImageNet checkpoints for the fusion model, e.g. resnet50=r50.pth "
                         "mobilenet_v2=mnv2.pth (loaded with torch.load(weights_only=True))")
@@ -870,7 +870,7 @@ def _add_bench_train_parser(bench) -> argparse.ArgumentParser:
                     "RSS of the process and its loader workers, device, threads and parameter count. "
                     "Prints a summary and writes --out (JSON).")
     p.add_argument("--network", "--model", dest="network", required=True, metavar="NAME",
-                   help="network from the registry: small, fusion or global_local; --model is an alias")
+                   help="network from the registry: lite, small, fusion or global_local; --model is an alias")
     p.add_argument("--out", required=True, type=Path, help="result JSON file")
     p.add_argument("--size", type=int, default=256, help="square crop side in pixels (default 256)")
     p.add_argument("--batch", type=int, default=8, help="images per step (default 8)")

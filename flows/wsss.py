@@ -28,6 +28,7 @@ from tasks import pipeline as pl
 from tasks import refresh as rf
 from tasks.classifier import train_image_classifier
 from tasks.config import WSSSConfig, config_difference, shard_size_for
+from tasks.encoders import with_weight_digests
 from tasks.feature_cache import FEATURE_STAGE, feature_key
 from tasks.progress import Progress
 from tasks.report import overlay_grid, pick_overlay_records
@@ -338,6 +339,7 @@ def train_wsss(run_dir: str, config: WSSSConfig = WSSSConfig(), dask_address: st
     version of the registered model ``model_name`` when that is given."""
     t0 = time.perf_counter()
     store = Store(run_dir)
+    config = with_weight_digests(config)  # the ImageNet weight files' sha256: part of every resume key
     check_config(store, config)
     records = store.manifest(config.split)
     if not records:

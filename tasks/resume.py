@@ -46,8 +46,11 @@ def classes_entry(classes: ClassSpec) -> dict:
 
 def classifier_inputs(classes: ClassSpec, records: Sequence[ImageRecord], config: WSSSConfig) -> dict:
     """What the image classifier depends on besides its own settings (which its checkpoint
-    records already): the class list, the corpus it is trained on and the seed."""
-    return {"classes": classes_entry(classes), "corpus": corpus_entry(records), "config": {"seed": config.seed}}
+    records already): the class list, the corpus it is trained on, the seed and the digests of
+    the ImageNet weight files its encoder starts from."""
+    return {"classes": classes_entry(classes), "corpus": corpus_entry(records),
+            "config": {"seed": config.seed, "pretrained": {k: v for k, v in config.pretrained.items()
+                                                           if k == config.classifier.encoder}}}
 
 
 def round_inputs(classes: ClassSpec, records: Sequence[ImageRecord], config: WSSSConfig) -> dict:

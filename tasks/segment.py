@@ -245,13 +245,14 @@ def segment_whole(paths: Sequence[Path], checkpoint: Path, net, state: dict, out
     (the labels coloured over the image). ``stats`` receives one dict per image (``image``,
     ``size``, ``seconds``, ``gated``, ``class_shares``, ``png``, ``overlay``).
     """
+    from models.lite_nets import LiteClassifier
     from models.small import ImageClassifier
     from tasks import training as tr
     from tasks.overlay import overlay, with_legend
     from tasks.pipeline import ClassifierGate, trained_classes_only
     from tasks.store import load_model
 
-    if isinstance(net, ImageClassifier):
+    if isinstance(net, (ImageClassifier, LiteClassifier)):
         raise ValueError(f"{checkpoint}: a {state.get('builder')!r} model is not a segmentation network; pass a "
                          "segmenter checkpoint (a run's rounds/rNNN/model.pt), the run directory, or a global_local "
                          "checkpoint")

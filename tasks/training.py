@@ -392,7 +392,8 @@ def train_step(model: nn.Module, opt: torch.optim.Optimizer, sched, loss_fn: Cal
 def _schedule(opt: torch.optim.Optimizer, cfg: TrainConfig, steps: int):
     """The learning-rate schedule over ``steps`` optimiser steps (``total_steps`` = steps + 1)."""
     if cfg.schedule == "one_cycle":
-        return torch.optim.lr_scheduler.OneCycleLR(opt, max_lr=cfg.lr, total_steps=steps + 1, pct_start=0.15)
+        return torch.optim.lr_scheduler.OneCycleLR(opt, max_lr=[g["lr"] for g in opt.param_groups],
+                                                   total_steps=steps + 1, pct_start=0.15)
     if cfg.schedule == "warmup_cosine":
         warm = max(1, steps // 20)
         sched = torch.optim.lr_scheduler.LambdaLR(
@@ -432,7 +433,9 @@ def fit(model: nn.Module, ds: StoreDataset | BatchSource, loss_fn: Callable, cfg
     # channels_last pays on CUDA; on CPU batch norm in channels_last was measured 2-3x slower
     fmt = torch.channels_last if device.type == "cuda" else torch.contiguous_format
     model = model.to(device).to(memory_format=fmt)
-    opt = torch.optim.AdamW(model.parameters(), lr=cfg.lr, weight_decay=cfg.weight_decay)
+    # a pretrained encoder learns slower than the layers new to it (``model.param_groups(lr)``)
+    params = model.param_groups(cfg.lr) if hasattr(model, "param_groups") else model.parameters()
+    opt = torch.optim.AdamW(params, lr=cfg.lr, weight_decay=cfg.weight_decay)
     source = ds if isinstance(ds, BatchSource) else None
     steps_per_epoch = source.steps_per_epoch if source is not None else max(1, len(ds) // cfg.batch_size)
     epochs = cfg.epochs if cfg.max_steps is None else min(cfg.epochs, -(-cfg.max_steps // steps_per_epoch))

@@ -1,0 +1,178 @@
+"""The image classifier and the segmentation network of method A on an ImageNet-pretrained
+EfficientNet-Lite encoder (:mod:`models.efficientnet_lite`): the default since issue 31, with
+:mod:`models.small`'s networks kept as the from-scratch option (``encoder: small``).
+
+Both take the inputs every wsseg network takes (:func:`tasks.training.to_input`: RGB scaled by
+ImageNet's mean and std, plus the edge channel for the segmenter) and turn the RGB channels into
+the Lite weights' own scale, ``(x - 127) / 128``, inside the network (:class:`LiteInput`), so
+the data path is one for every network.
+"""
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+
+from models.efficientnet_lite import EfficientNetLite, efficientnet_lite
+from models.small import conv_bn_relu
+
+#: ImageNet mean and std of :func:`tasks.training.to_input` (repeated here: models do not import tasks)
+_MEAN, _STD = (0.485, 0.456, 0.406), (0.229, 0.224, 0.225)
+
+#: learning-rate factor of the pretrained encoder against the new layers (its features are kept
+#: close to ImageNet's while the head and decoder learn from scratch)
+ENCODER_LR = 0.1
+
+
+class LiteInput(nn.Module):
+    """Mean/std-normalised RGB -> ``(rgb * 255 - 127) / 128`` per channel; extra channels (the edge
+    map) pass unchanged. A fixed affine map, not learned, not in the state dict."""
+
+    def __init__(self):
+        super().__init__()
+        std, mean = torch.tensor(_STD), torch.tensor(_MEAN)
+        self.register_buffer("scale", (std * 255 / 128).view(1, 3, 1, 1), persistent=False)
+        self.register_buffer("shift", ((mean * 255 - 127) / 128).view(1, 3, 1, 1), persistent=False)
+
+    def forward(self, x: Tensor) -> Tensor:
+        rgb = x[:, :3] * self.scale + self.shift
+        return torch.cat([rgb, x[:, 3:]], 1) if x.shape[1] > 3 else rgb
+
+
+#: blocks of the encoder (after the stem) kept at their ImageNet weights: the stride-2 to stride-8
+#: stages (generic edges and textures), whose backward pass at full resolution is most of a
+#: training step's cost on a CPU (lite0 classifier at 224 px, 2 cores: 293 -> 126 ms per image)
+FROZEN_BLOCKS = 5
+
+
+def freeze_early(encoder: EfficientNetLite, blocks: int) -> None:
+    """Keep the stem and the first ``blocks`` blocks fixed: no gradients, batch norm statistics
+    kept (those modules stay in eval mode, see :func:`keep_frozen_eval`). The stem of a 4th (edge)
+    input channel stays trainable, or that channel could never learn a use."""
+    if blocks <= 0:
+        return
+    encoder._frozen = blocks
+    if encoder._conv_stem.in_channels == 3:
+        for p in list(encoder._conv_stem.parameters()) + list(encoder._bn0.parameters()):
+            p.requires_grad_(False)
+    for blk in encoder._blocks[:blocks]:
+        for p in blk.parameters():
+            p.requires_grad_(False)
+
+
+def keep_frozen_eval(encoder: EfficientNetLite) -> None:
+    """After ``.train()``: the frozen blocks' batch norms back in eval mode (their ImageNet statistics)."""
+    for blk in encoder._blocks[:getattr(encoder, "_frozen", 0)]:
+        blk.eval()
+    if encoder._conv_stem.in_channels == 3 and getattr(encoder, "_frozen", 0):
+        encoder._bn0.eval()
+
+
+def _groups(encoder: nn.Module, rest: list[nn.Module], lr: float) -> list[dict]:
+    return [{"params": [p for p in encoder.parameters() if p.requires_grad], "lr": lr * ENCODER_LR},
+            {"params": [p for m in rest for p in m.parameters()], "lr": lr}]
+
+
+class _LiteNet(nn.Module):
+    def train(self, mode: bool = True):
+        super().train(mode)
+        if mode:
+            keep_frozen_eval(self.encoder)
+        return self
+
+
+class LiteClassifier(_LiteNet):
+    """Multi-label image classifier: the Lite encoder (ImageNet start) and a 1x1 class map on its
+    last feature (stride 16 or 8 by dilation), the class activation map; ``forward`` is the class
+    map's global average (B, K), ``cam`` the map itself (B, K, H/s, W/s)."""
+
+    def __init__(self, num_classes: int, in_channels: int = 3, variant: str = "lite0", stride: int = 16,
+                 pretrained: bool = True):
+        super().__init__()
+        if stride not in (8, 16, 32):
+            raise ValueError(f"stride must be 8, 16 or 32, got {stride}")
+        self.input = LiteInput()
+        self.encoder = efficientnet_lite(variant, in_channels=in_channels, output_stride=stride, pretrained=pretrained)
+        freeze_early(self.encoder, FROZEN_BLOCKS if pretrained is not False else 0)
+        self.dropout = nn.Dropout2d(0.2)
+        self.classifier = nn.Conv2d(self.encoder.out_channels[-1], num_classes, 1)
+
+    def features(self, x: Tensor) -> Tensor:
+        """The last stage's map (320 channels for lite0). ImageNet's own 1280-channel head map on
+        top of it names classes better but localises worse: on msrc21 train (8 epochs) the CAM was
+        0.589 mIoU from this map, 0.437 from the head's."""
+        return self.encoder.forward_features(self.input(x))[-1]
+
+    def cam(self, x: Tensor) -> Tensor:
+        return self.classifier(self.features(x))
+
+    def forward(self, x: Tensor) -> Tensor:
+        return self.classifier(self.dropout(self.features(x))).mean(dim=(2, 3))
+
+    def param_groups(self, lr: float) -> list[dict]:
+        """Optimiser groups: the encoder at ``lr * ENCODER_LR``, the class map at ``lr``."""
+        return _groups(self.encoder, [self.classifier], lr)
+
+
+class LiteSegNet(_LiteNet):
+    """Lite encoder + a light DeepLabV3+-style decoder: the stride-16 context (last feature and the
+    stride-16 stage, with an image-pooling branch) fused with the stride-4 features, logits
+    upsampled to the input size.
+
+    A 4th (edge) input channel enters the decoder beside the stride-4 features (averaged to that
+    resolution), not the encoder's stem: the stem and first blocks stay at their ImageNet weights
+    (:data:`FROZEN_BLOCKS`), and an edge channel in the stem would need the backward pass through
+    them that freezing saves (on 2 CPU cores most of a step's cost)."""
+
+    def __init__(self, num_classes: int, in_channels: int = 4, variant: str = "lite0", output_stride: int = 16,
+                 decoder: int = 96, pretrained: bool = True):
+        super().__init__()
+        if in_channels not in (3, 4):
+            raise ValueError(f"in_channels must be 3 (RGB) or 4 (RGB + edge map), got {in_channels}")
+        self.input = LiteInput()
+        self.extra = in_channels - 3
+        self.encoder = efficientnet_lite(variant, in_channels=3, output_stride=output_stride,
+                                         pretrained=pretrained)
+        freeze_early(self.encoder, FROZEN_BLOCKS if pretrained is not False else 0)
+        _, c2, _, c4, c5 = self.encoder.out_channels
+        d = decoder
+        self.context = nn.Sequential(nn.Conv2d(c5 + c4, d, 1, bias=False), nn.BatchNorm2d(d), nn.ReLU(inplace=True))
+        self.pool = nn.Sequential(nn.Conv2d(c5, d, 1, bias=False), nn.ReLU(inplace=True))
+        self.project = nn.Sequential(nn.Conv2d(2 * d, d, 1, bias=False), nn.BatchNorm2d(d), nn.ReLU(inplace=True),
+                                     nn.Dropout2d(0.1))
+        self.skip = nn.Sequential(nn.Conv2d(c2, 32, 1, bias=False), nn.BatchNorm2d(32), nn.ReLU(inplace=True))
+        self.fuse = conv_bn_relu(d + 32 + self.extra, d)
+        self.classifier = nn.Conv2d(d, num_classes, 1)
+
+    def forward(self, x: Tensor) -> Tensor:
+        size = x.shape[-2:]
+        x = self.input(x)
+        _, f2, _, f4, f5 = self.encoder.forward_features(x[:, :3])
+        if f5.shape[-2:] != f4.shape[-2:]:
+            f5 = F.interpolate(f5, size=f4.shape[-2:], mode="bilinear", align_corners=False)
+        y = self.context(torch.cat([f5, f4], 1))
+        g = self.pool(f5.mean(dim=(2, 3), keepdim=True)).expand_as(y)
+        y = self.project(torch.cat([y, g], 1))
+        y = F.interpolate(y, size=f2.shape[-2:], mode="bilinear", align_corners=False)
+        skip = [self.skip(f2)] + ([F.adaptive_avg_pool2d(x[:, 3:], f2.shape[-2:])] if self.extra else [])
+        y = self.fuse(torch.cat([y, *skip], 1))
+        return F.interpolate(self.classifier(y), size=size, mode="bilinear", align_corners=False)
+
+    def param_groups(self, lr: float) -> list[dict]:
+        """Optimiser groups: the encoder at ``lr * ENCODER_LR``, the decoder at ``lr``."""
+        return _groups(self.encoder, [self.context, self.pool, self.project, self.skip, self.fuse,
+                                      self.classifier], lr)
+
+
+def lite_classifier(num_classes: int, in_channels: int = 3, *, variant: str = "lite0", stride: int = 16,
+                    pretrained: bool = True) -> LiteClassifier:
+    return LiteClassifier(num_classes, in_channels, variant, stride, pretrained)
+
+
+def lite_segnet(num_classes: int, in_channels: int = 4, *, variant: str = "lite0", output_stride: int = 16,
+                decoder: int = 96, pretrained: bool = True) -> LiteSegNet:
+    return LiteSegNet(num_classes, in_channels, variant, output_stride, decoder, pretrained)
+
+
+def is_lite(net: nn.Module) -> bool:
+    return isinstance(getattr(net, "encoder", None), EfficientNetLite)

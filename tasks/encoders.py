@@ -1,0 +1,26 @@
+"""Which ImageNet weight files a run's networks start from, and their digests: part of the run's
+configuration (``WSSSConfig.pretrained``), hence of its MLflow parameters and of every resume key
+(the classifier's inputs, each round's inputs), so a run directory started with one weight file is
+never resumed with another."""
+from __future__ import annotations
+
+from models.efficientnet_lite import VARIANTS, weights_digest
+from tasks.config import WSSSConfig
+
+
+def pretrained_encoders(config: WSSSConfig) -> list[str]:
+    """The EfficientNet-Lite variants the configuration's networks load ImageNet weights into."""
+    out = []
+    if config.classifier.encoder in VARIANTS:
+        out.append(config.classifier.encoder)
+    seg = config.segmentation
+    if seg.model == "lite" and seg.options.get("pretrained", True):
+        out.append(seg.options.get("variant", "lite0"))
+    return sorted(set(out))
+
+
+def with_weight_digests(config: WSSSConfig) -> WSSSConfig:
+    """``config`` with ``pretrained`` set to ``{variant: sha256 of its weight file}`` for every
+    encoder it uses (whatever the caller put there is replaced). A missing package or weight
+    file is :class:`models.efficientnet_lite.PretrainedWeightsError`, one line."""
+    return config.model_copy(update={"pretrained": {v: weights_digest(v) for v in pretrained_encoders(config)}})

