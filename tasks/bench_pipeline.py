@@ -363,6 +363,7 @@ def plain_loop(store, records: Sequence, config, seed: int | None = None) -> dic
     from tasks import pipeline as pl
     from tasks import superpixels as spx
     from tasks.edges import feature_region_map
+    from tasks.deep_features import deep_superpixel_features
     from tasks.feature_cache import ImageFeatures, proposal_inputs
     from tasks.features import superpixel_features
     from tasks.proposal_classifier import predict_proposals, round_mil_model
@@ -394,6 +395,9 @@ def plain_loop(store, records: Sequence, config, seed: int | None = None) -> dic
                                                  ruler=fc.ruler)
                     with clock("features.superpixel_features"):
                         feats = superpixel_features(image, labels, edge_map=edges)
+                    if fc.deep_features != "none":
+                        with clock("features.deep_features"):
+                            feats = np.hstack([feats, deep_superpixel_features(image, labels, fc.deep_features)])
                     with clock("features.proposals"):
                         membership = hierarchical_proposals(image, labels, edge_map=edges,
                                                             min_size=fc.proposal_min_size,

@@ -19,6 +19,10 @@ class FeatureConfig(BaseModel):
     edge_tau: float = Field(0.5, description="tau of the weighted vote F = sum w_k X_k - (1 + tau)")
     proposal_min_size: float = Field(0.002, description="smallest proposal, share of the image")
     proposal_diversify: bool = False
+    deep_features: Literal["lite0", "lite1", "lite2", "none"] = Field("lite0", description=(
+        "superpixel (and so proposal) features from an ImageNet-pretrained EfficientNet-Lite's stride-8/16/32 "
+        "maps, beside the colour and texture ones: what the superpixel MIL and the proposal classifier learn "
+        "from; 'none' = the hand-made features alone (tasks.deep_features; docs/benchmarks.md)"))
 
 
 class ClassifierConfig(BaseModel):

@@ -11,6 +11,8 @@ from tasks.config import WSSSConfig
 def pretrained_encoders(config: WSSSConfig) -> list[str]:
     """The EfficientNet-Lite variants the configuration's networks load ImageNet weights into."""
     out = []
+    if config.features.deep_features in VARIANTS:
+        out.append(config.features.deep_features)
     if config.classifier.encoder in VARIANTS:
         out.append(config.classifier.encoder)
     seg = config.segmentation

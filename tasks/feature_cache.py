@@ -11,25 +11,31 @@ import scipy.sparse as sp
 from tasks import superpixels as spx
 from tasks.config import FeatureConfig
 from tasks.edges import feature_region_map
-from tasks.features import proposal_features, superpixel_features
+from models.efficientnet_lite import weights_digest
+from tasks.deep_features import deep_superpixel_features
+from tasks.features import FEATURE_NAMES, proposal_features, superpixel_features
 from tasks.proposals import hierarchical_proposals
 from tasks.store import ImageRecord, Store, arrays_to_sparse, params_key, sparse_to_arrays
 
 FEATURE_STAGE = "features"
+#: the superpixel box columns of the hand-made features (the first of the cached columns)
+BOX_COLUMNS = [FEATURE_NAMES.index(c) for c in ("ymin", "ymax", "xmin", "xmax")]
 
 
 @dataclass
 class ImageFeatures:
     edges: np.ndarray          # (H, W) uint8 {0,1} feature-region map
     superpixels: np.ndarray    # (H, W) int32
-    sp_features: np.ndarray    # (S, D) float32
+    sp_features: np.ndarray    # (S, D) float32: tasks.features' 94 columns, then tasks.deep_features' ones
     membership: sp.csr_matrix  # (P, S) bool
     sp_areas: np.ndarray       # (S,) int64
 
 
 def feature_key(cfg: FeatureConfig) -> str:
-    """The cache key of ``cfg``: a short hash of every feature parameter."""
-    return params_key({"stage": FEATURE_STAGE, "version": 1, **cfg.model_dump()})
+    """The cache key of ``cfg``: a short hash of every feature parameter (and of the weight file of
+    the encoder whose features are pooled, ``deep_features``)."""
+    weights = {} if cfg.deep_features == "none" else {"weights": weights_digest(cfg.deep_features)}
+    return params_key({"stage": FEATURE_STAGE, "version": 1, **cfg.model_dump(), **weights})
 
 
 def compute_features(store: Store, rec: ImageRecord, cfg: FeatureConfig, key: str) -> bool:
@@ -42,6 +48,8 @@ def compute_features(store: Store, rec: ImageRecord, cfg: FeatureConfig, key: st
     labels = spx.superpixels(image, method=cfg.superpixel_method, region_size=cfg.region_size,
                              ruler=cfg.ruler)
     feats = superpixel_features(image, labels, edge_map=edges)
+    if cfg.deep_features != "none":
+        feats = np.hstack([feats, deep_superpixel_features(image, labels, cfg.deep_features)])
     membership = hierarchical_proposals(image, labels, edge_map=edges, min_size=cfg.proposal_min_size,
                                         diversify=cfg.proposal_diversify)
     store.put_cached(FEATURE_STAGE, key, rec.sha256, {
@@ -71,4 +79,5 @@ def load_superpixel_features(store: Store, rec: ImageRecord, key: str) -> tuple[
 
 def proposal_inputs(feat: ImageFeatures) -> np.ndarray:
     """(P, D) proposal features of one image (the proposal classifier's input)."""
-    return proposal_features(feat.sp_features, feat.membership, feat.sp_areas)
+    return proposal_features(feat.sp_features, feat.membership, feat.sp_areas,
+                             boxes=feat.sp_features[:, BOX_COLUMNS])
