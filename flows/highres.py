@@ -21,6 +21,7 @@ from pathlib import Path
 
 from prefect import flow
 
+from models.efficientnet_lite import weights_digest
 from tasks import highres as hr
 from tasks import segment as sg
 from tasks.memory import rss_mb
@@ -64,7 +65,7 @@ def bench_highres(data: str, split: str, out: str, train_n: int | None = 12, eva
                   class_weights: tuple[float, ...] | None | str = "auto", seed: int = 0, threads: int | None = 2,
                   device: str = "cpu", eval_split: str | None = None,
                   variants: tuple[str, ...] = hr.DEFAULT_VARIANTS, images_per_batch: int = 2,
-                  memory_probe: bool = True) -> dict:
+                  memory_probe: bool = True, backbone: str = "lite0") -> dict:
     """Global-local vs. patches without context vs. downsampled whole image (and any other of
     ``tasks.highres.VARIANTS``); see :mod:`tasks.highres`. ``class_weights="auto"``: (1, 2) for a
     two-class (vessel) corpus, none otherwise. Returns the dict written to ``out`` (JSON)."""
@@ -82,10 +83,11 @@ def bench_highres(data: str, split: str, out: str, train_n: int | None = 12, eva
     print(f"highres: {len(d.train_ids)} training / {len(d.eval_ids)} evaluation images at {d.images[0].shape[1]}x"
           f"{d.images[0].shape[0]} (scale {scale}), {d.num_classes} classes, patch {patch_size}, {steps} steps x "
           f"{batch}", file=sys.stderr, flush=True)
-    options = dict(patch_size=patch_size, width=width, blocks=tuple(blocks))
+    options = dict(patch_size=patch_size, width=width, blocks=tuple(blocks), backbone=backbone)
     results: dict = {"train_ids": d.train_ids, "eval_ids": d.eval_ids, "scale": scale, "patch_size": patch_size,
                      "steps": steps, "batch": batch, "width": width, "blocks": list(blocks), "overlap": overlap,
-                     "threads": threads, "seed": seed}
+                     "threads": threads, "seed": seed, "backbone": backbone,
+                     "pretrained": {} if backbone == "hrnet" else {backbone: weights_digest(backbone)}}
     if d.num_classes > 2:
         results.update({"classes": d.classes, "eval_split": eval_split, "variants": list(variants),
                         "images_per_batch": images_per_batch, "lr": lr,
@@ -121,7 +123,7 @@ def bench_highres(data: str, split: str, out: str, train_n: int | None = 12, eva
     tracker = Tracker(Path(out).parent)
     with tracker.run("bench-highres"):
         tracker.log_params({k: results[k] for k in ("scale", "patch_size", "steps", "batch", "width", "blocks",
-                                                    "overlap", "threads", "seed")} | {"data": str(data), "split": split})
+                                                    "overlap", "threads", "seed", "backbone", "pretrained")} | {"data": str(data), "split": split})
         tracker.log_metrics({k: v for k, v in results.items() if isinstance(v, (int, float)) and k not in
                              ("scale", "patch_size", "steps", "batch", "width", "overlap", "threads", "seed")})
         for artifact in (path, overlay):

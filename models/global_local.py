@@ -174,6 +174,11 @@ class GlobalLocalNet(nn.Module):
     residual_init : {"zero", "random"}
         The patch classifier's start with ``coarse_residual``: zero (the network starts as the coarse
         prediction) or PyTorch's default random initialisation.
+    backbone : {"hrnet", "lite0", "lite1", "lite2"}
+        The patches' (and coarse images') backbone: :class:`CompactHRNet` from scratch, or an
+        EfficientNet-Lite with ImageNet weights (:class:`models.lite_nets.LiteStride4`).
+    pretrained : bool
+        A lite backbone starts from ImageNet's weights (False when a checkpoint is rebuilt).
     """
 
     def __init__(self, num_classes: int, in_channels: int = 3, *, patch_size: int = 512, width: int = 32,
@@ -182,8 +187,11 @@ class GlobalLocalNet(nn.Module):
                  norm_layer: Callable[[int], nn.Module] | None = None, pooling: bool = True,
                  spatial: bool = True, coarse_size: int | None = None, global_weight: float | None = None,
                  coarse_head: bool = False, coarse_residual: bool = False, residual_gate: bool = False,
-                 coarse_backbone: bool = False, residual_init: str = "zero") -> None:
+                 coarse_backbone: bool = False, residual_init: str = "zero", backbone: str = "hrnet",
+                 pretrained: bool = True) -> None:
         super().__init__()
+        if backbone not in ("hrnet", "lite0", "lite1", "lite2"):
+            raise ValueError(f"backbone must be hrnet, lite0, lite1 or lite2, got {backbone!r}")
         if coarse_residual and not (coarse_head and use_global):
             raise ValueError("coarse_residual needs coarse_head=True and use_global=True")
         if coarse_backbone and not use_global:
@@ -208,9 +216,15 @@ class GlobalLocalNet(nn.Module):
         self.pooling, self.with_spatial, self.coarse_size = pooling, spatial, coarse_size
         self.coarse_residual = coarse_residual
         c = width
-        self.backbone = CompactHRNet(in_channels, width, blocks, norm_layer)
+        def make_backbone() -> nn.Module:
+            if backbone == "hrnet":
+                return CompactHRNet(in_channels, width, blocks, norm_layer)
+            from models.lite_nets import LiteStride4  # ImageNet-pretrained (issue 31)
+            return LiteStride4(in_channels, width, backbone, pretrained)
+
+        self.backbone = make_backbone()
         if coarse_backbone:  # the coarse image gets its own weights (GLNet's global branch)
-            self.coarse_backbone = CompactHRNet(in_channels, width, blocks, norm_layer)
+            self.coarse_backbone = make_backbone()
         self.stride = self.backbone.stride
         # spatial branch: n convolutions of different kernel sizes on the avg/max maps
         n_maps = 4 if use_global else 2

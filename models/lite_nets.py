@@ -164,6 +164,43 @@ class LiteSegNet(_LiteNet):
                                       self.classifier], lr)
 
 
+class LiteStride4(_LiteNet):
+    """Method C's backbone on the Lite encoder (ImageNet start): its stride-4, 8 and 16 maps
+    (24, 40 and 112 channels for lite0), each projected to ``width`` channels and summed at
+    stride 4, the contract of :class:`models.global_local.CompactHRNet` (stride 4, ``width``
+    channels out). The stride-32 stages are not run: a patch's context comes from the coarse
+    image's branch."""
+
+    stride = 4
+
+    def __init__(self, in_channels: int = 3, width: int = 32, variant: str = "lite0", pretrained: bool = True):
+        super().__init__()
+        if in_channels != 3:
+            raise ValueError(f"the lite backbone takes RGB (in_channels 3), got {in_channels}")
+        self.input = LiteInput()
+        self.encoder = efficientnet_lite(variant, output_stride=16, pretrained=pretrained)
+        freeze_early(self.encoder, 3 if pretrained is not False else 0)  # through stride 4
+        self.out_channels = width
+        self._last = self.encoder._level_ends[3]  # the stride-16 level's last block
+        self.lateral = nn.ModuleList(nn.Sequential(nn.Conv2d(self.encoder.out_channels[i], width, 1, bias=False),
+                                                   nn.BatchNorm2d(width)) for i in (1, 2, 3))
+        self.relu = nn.ReLU(inplace=True)
+
+    def forward(self, x: Tensor) -> Tensor:
+        """(N, 3, H, W) -> (N, width, ceil(H/4), ceil(W/4))."""
+        enc = self.encoder
+        x = enc.act(enc._bn0(enc._conv_stem(self.input(x))))
+        feats, ends = [], set(enc._level_ends[1:4])
+        for i, blk in enumerate(enc._blocks[:self._last + 1]):
+            x = blk(x)
+            if i in ends:
+                feats.append(x)
+        out = self.lateral[0](feats[0])
+        for lat, f in zip(self.lateral[1:], feats[1:]):
+            out = out + F.interpolate(lat(f), size=out.shape[-2:], mode="bilinear", align_corners=False)
+        return self.relu(out)
+
+
 def lite_classifier(num_classes: int, in_channels: int = 3, *, variant: str = "lite0", stride: int = 16,
                     pretrained: bool = True) -> LiteClassifier:
     return LiteClassifier(num_classes, in_channels, variant, stride, pretrained)

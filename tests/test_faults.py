@@ -19,7 +19,7 @@ KILL_IDS = ["11_21_s", "12_25_s", "12_27_s", "12_33_s", "12_6_s", "12_8_s"]
 
 TINY = {"classifier": {"epochs": 4, "size": 160, "width": 16, "stride": 16, "batch_size": 8},
         "mil": {"iterations": 1}, "proposals": {"epochs": 5},
-        "segmentation": {"epochs": 2, "options": {"width": 16}, "crop": 160, "batch_size": 4, "num_workers": 1},
+        "segmentation": {"epochs": 2, "crop": 160, "batch_size": 4, "num_workers": 1},
         "max_rounds": 1, "shard_size": 2}
 
 

@@ -53,7 +53,7 @@ def _end_to_end(tmp_path, cluster, mlflow):
     on_cluster(ingest, cluster)(str(src), str(run), shard_size=8)
     cfg = WSSSConfig.model_validate({
         "classifier": {"epochs": 12, "size": 160, "width": 16, "stride": 16, "batch_size": 8},
-        "segmentation": {"epochs": 3, "min_steps": 40, "options": {"width": 16}, "crop": 160, "batch_size": 4,
+        "segmentation": {"epochs": 3, "min_steps": 40, "crop": 160, "batch_size": 4,
                          "num_workers": 0},
         "max_rounds": 2, "shard_size": 8})
     s = on_cluster(train_wsss, cluster)(str(run), cfg, cluster)

@@ -24,7 +24,7 @@ FIRST = ["12_25_s", "12_27_s", "12_33_s", "12_6_s", "1_10_s", "1_29_s", "2_18_s"
 MORE = ["14_13_s", "15_14_s", "16_19_s", "8_16_s"]  # chair, cat, dog, bicycle, road: not among FIRST's
 TINY = {"classifier": {"epochs": 4, "size": 160, "width": 16, "stride": 16, "batch_size": 8},
         "mil": {"iterations": 1}, "proposals": {"epochs": 5},
-        "segmentation": {"epochs": 2, "min_steps": 8, "options": {"width": 16}, "crop": 160, "batch_size": 4,
+        "segmentation": {"epochs": 2, "min_steps": 8, "crop": 160, "batch_size": 4,
                          "num_workers": 0},
         "max_rounds": 1, "shard_size": 4}
 

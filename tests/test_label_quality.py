@@ -226,7 +226,7 @@ def test_one_class_corpus_warns_at_ingest_and_train_and_takes_the_foreground_pat
     cfg = WSSSConfig.model_validate({
         "classifier": {"epochs": 2, "size": 96, "width": 8, "stride": 16, "batch_size": 8, "cam_scales": [1.0]},
         "mil": {"iterations": 1}, "proposals": {"epochs": 2},
-        "segmentation": {"epochs": 1, "options": {"width": 8}, "crop": 96, "batch_size": 4, "num_workers": 0},
+        "segmentation": {"epochs": 1, "crop": 96, "batch_size": 4, "num_workers": 0},
         "max_rounds": 1, "shard_size": 8})
     t = on_cluster(train_wsss, cluster)(str(run), cfg, cluster)
     assert t["foreground"] is True and len(t["warnings"]) == 1 and "on for this run" in t["warnings"][0]

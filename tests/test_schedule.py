@@ -25,7 +25,7 @@ BIN = Path(sys.executable).parent
 IDS = ["11_21_s", "12_25_s", "12_27_s", "12_33_s", "12_6_s", "12_8_s", "14_13_s", "14_29_s"]
 CONFIG = {
     "classifier": {"epochs": 12, "size": 160, "width": 16, "stride": 16, "batch_size": 8},
-    "segmentation": {"epochs": 3, "min_steps": 40, "options": {"width": 16}, "crop": 160, "batch_size": 4,
+    "segmentation": {"epochs": 3, "min_steps": 40, "crop": 160, "batch_size": 4,
                      "num_workers": 0},
     "max_rounds": 1, "shard_size": 8}
 NEW = ["15_14_s", "16_19_s"]

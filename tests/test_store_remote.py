@@ -20,7 +20,7 @@ WSSEG = [sys.executable, "-m", "flows.cli"]
 IDS = ["12_25_s", "12_27_s", "14_13_s", "15_14_s", "16_19_s", "1_10_s"]
 CONFIG = {"classifier": {"epochs": 6, "size": 128, "width": 16, "stride": 16, "batch_size": 8},
           "mil": {"iterations": 1}, "proposals": {"epochs": 2},
-          "segmentation": {"epochs": 1, "min_steps": 6, "options": {"width": 16}, "crop": 128, "batch_size": 4,
+          "segmentation": {"epochs": 1, "min_steps": 6, "crop": 128, "batch_size": 4,
                            "num_workers": 0},
           "max_rounds": 1, "shard_size": 4}
 CREDENTIALS = {"AWS_ACCESS_KEY_ID": "testing", "AWS_SECRET_ACCESS_KEY": "testing", "AWS_DEFAULT_REGION": "us-east-1"}

@@ -32,7 +32,7 @@ IDS = ["11_21_s", "12_25_s", "12_27_s", "12_33_s", "12_6_s", "12_8_s", "14_13_s"
 TINY = {"classifier": {"epochs": 3, "size": 96, "width": 8, "stride": 16, "batch_size": 8, "cam_scales": [1.0]},
         "mil": {"iterations": 1, "epochs": 2},
         "proposals": {"epochs": 2},
-        "segmentation": {"epochs": 1, "options": {"width": 8}, "crop": 96, "batch_size": 4, "num_workers": 0},
+        "segmentation": {"epochs": 1, "crop": 96, "batch_size": 4, "num_workers": 0},
         "max_rounds": 1, "shard_size": 8}
 # `wsseg demo` on the small copy: ingest and train in one command (one API server, one cluster)
 DEMO = ("import sys, flows.cli as c; c.SAMPLE = __import__('pathlib').Path(sys.argv[1]); "
