@@ -186,12 +186,10 @@ class SegmentationConfig(BaseModel):
         "msrc21 val, gated, two runs' final labels: 0.289 / 0.280 against 0.276 / 0.253 fine-tuned"))
     encoder_init: Literal["classifier", "none"] = Field("classifier", description=(
         "where the segmenter's encoder starts when it does not fine-tune an earlier round's model "
-        "(round 0, the supervised reference, finetune=false): 'classifier' copies the run's image "
-        "classifier's encoder, trained on the same tags (same SmallEncoder; the edge channel's weights "
-        "start at 0), 'none' a random initialisation. Models whose encoder differs (fusion, "
-        "global_local) start from scratch either way. Measured on msrc21 val (run bq13's round-2 labels / the "
-        "masks, 18 epochs, gated, seeds 0 and 7): 0.280, 0.281 / 0.347, 0.345 from the classifier against "
-        "0.276, 0.273 / 0.324, 0.346 from scratch: both models gain and the seed matters less"))
+        "(round 0, the final model, the supervised reference): 'classifier' copies the run's image "
+        "classifier's encoder (same kind: lite with lite, small with small), trained on the same tags; "
+        "'none' the network's own start (ImageNet for lite, random for small). Other networks (fusion, "
+        "global_local) start as their builder makes them either way; see docs/benchmarks.md"))
     num_workers: int = 1
     coarse_loss: float = Field(0.0, ge=0, description=(
         "global_local built with coarse_head: weight of a loss on each crop's coarse whole image against "

@@ -201,8 +201,8 @@ def network_config(config: WSSSConfig, name: str, options: dict) -> WSSSConfig:
 
 
 def speed_probe_config(config: WSSSConfig) -> WSSSConfig:
-    """The short training that measures a network's speed: two epochs from random weights, no
-    time budget, no early stop."""
+    """The short training that measures a network's speed: two epochs from the network's own
+    start, no time budget, no early stop."""
     seg = config.segmentation
     return config.model_copy(update={"segmentation": seg.model_copy(update={
         "epochs": 2, "max_seconds": None, "patience": 2, "finetune": False, "min_steps": 0,
@@ -223,8 +223,9 @@ def budget_epochs(seconds: float, images_per_second: float, images: int, minimum
 
 def budget_config(config: WSSSConfig, epochs: int, seconds: float) -> WSSSConfig:
     """``config`` trained from scratch for ``epochs`` (its whole learning-rate schedule), stopped
-    by ``fit``'s own time budget at 1.25 ``seconds`` if it runs slower than measured. From
-    scratch: only ``small`` could start from the image classifier."""
+    by ``fit``'s own time budget at 1.25 ``seconds`` if it runs slower than measured. From the
+    network's own start (ImageNet for ``lite``, random for ``small``), not the image classifier's
+    encoder, which only some networks could take."""
     seg = config.segmentation
     return config.model_copy(update={"segmentation": seg.model_copy(update={
         "epochs": epochs, "max_seconds": 1.25 * seconds, "patience": epochs, "finetune": False,
