@@ -154,10 +154,10 @@ def _merge(a: dict, b: dict) -> dict:
 
 # Demo budget: the bundled sample, 2 CPU cores, within 5 minutes.
 DEMO_CONFIG = {
-    "classifier": {"epochs": 20, "size": 160, "width": 16, "stride": 16, "batch_size": 16, "cam_scales": [1.0]},
+    "classifier": {"epochs": 12, "size": 160, "stride": 16, "batch_size": 16, "cam_scales": [1.0]},
     "mil": {"iterations": 1},
     "proposals": {"epochs": 10},
-    "segmentation": {"epochs": 3, "options": {"width": 16}, "crop": 160, "batch_size": 8},
+    "segmentation": {"epochs": 3, "crop": 160, "batch_size": 8},
     "shard_size": 32,
 }
 

@@ -8,6 +8,7 @@ from __future__ import annotations
 import os
 
 os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")  # before torch loads OpenMP: see tasks/__init__.py
+import inspect
 from typing import Callable
 
 from torch import nn
@@ -45,6 +46,25 @@ def builder(name: str) -> Callable[..., nn.Module]:
     return reg[name][0]
 
 
+def option_names(name: str) -> tuple[str, ...]:
+    """The options a registered builder takes (its keyword parameters beside num_classes and in_channels)."""
+    params = inspect.signature(builder(name)).parameters.values()
+    return tuple(p.name for p in params if p.name not in ("num_classes", "in_channels")
+                 and p.kind in (p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY))
+
+
+def check_options(name: str, options: dict) -> None:
+    """Raise a one-line ``ValueError`` naming the options that ``name``'s builder does not take."""
+    if any(p.kind is p.VAR_KEYWORD for p in inspect.signature(builder(name)).parameters.values()):
+        return  # the builder passes options on (global_local to GlobalLocalNet), which names them itself
+    known = option_names(name)
+    unknown = sorted(set(options) - set(known))
+    if unknown:
+        raise ValueError(f"model {name!r} takes no option {', '.join(map(repr, unknown))}; "
+                         f"its options: {', '.join(known) or 'none'}")
+
+
 def build_model(name: str, num_classes: int, in_channels: int = 4, **options) -> nn.Module:
     """Build a registered network by name."""
+    check_options(name, options)
     return builder(name)(num_classes, in_channels=in_channels, **options)

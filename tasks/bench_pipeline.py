@@ -44,10 +44,10 @@ __all__ = ["BENCH_CONFIG", "replica_plan", "copy_params", "augment", "replicate_
 #: 4000 fit a two-core machine; ``segmentation.num_workers`` 0 keeps the segmenter's data loading
 #: in the flow process, whose memory is measured.
 BENCH_CONFIG = {
-    "classifier": {"epochs": 2, "size": 160, "width": 16, "stride": 16, "batch_size": 16, "cam_scales": [1.0]},
+    "classifier": {"epochs": 2, "size": 160, "stride": 16, "batch_size": 16, "cam_scales": [1.0]},
     "mil": {"iterations": 1, "epochs": 3},
     "proposals": {"epochs": 2},
-    "segmentation": {"epochs": 1, "options": {"width": 16}, "crop": 160, "batch_size": 8, "num_workers": 0},
+    "segmentation": {"epochs": 1, "crop": 160, "batch_size": 8, "num_workers": 0},
     "max_rounds": 1,
 }
 

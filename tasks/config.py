@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 
 class FeatureConfig(BaseModel):
@@ -195,6 +195,14 @@ class SegmentationConfig(BaseModel):
         "global_local built with coarse_head: weight of a loss on each crop's coarse whole image against "
         "its pseudo-label's class fractions (tasks.highres.soft_cross_entropy), beside the crop's own "
         "loss; 0 = none"))
+
+    @model_validator(mode="after")
+    def _options_fit_the_model(self) -> "SegmentationConfig":
+        # at load time, not after the classifier's hours: {'width': 16} was small's option, not lite's
+        import models
+
+        models.check_options(self.model, self.options)
+        return self
 
 
 class InferenceConfig(BaseModel):

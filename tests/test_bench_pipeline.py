@@ -16,8 +16,8 @@ from tasks import bench_pipeline as tb
 
 IDS = ["1_10_s", "5_26_s", "9_17_s"]  # cow, grass / building, sky / ...: three images, several tags each
 
-TINY = ["--set", "classifier.epochs=1", "--set", "classifier.size=96", "--set", "classifier.width=8",
-        "--set", "segmentation.options={\"width\": 8}", "--set", "segmentation.crop=96", "--set", "shard_size=4",
+TINY = ["--set", "classifier.epochs=1", "--set", "classifier.size=96",
+        "--set", "segmentation.crop=96", "--set", "shard_size=4",
         "--set", "proposals.epochs=1", "--set", "mil.epochs=1"]
 
 

@@ -150,8 +150,11 @@ def test_bench_and_segment_end_to_end(tmp_path, monkeypatch, capsys):
     # --fov none keeps every pixel's prediction
     kept = sg.segment(images[:1], ckpt, tmp_path / "seg_nofov", fov="none", log=logs.append)
     whole = np.array(Image.open(kept[0]))
-    inside = ~outside
-    np.testing.assert_array_equal(whole[inside], np.array(Image.open(spilled[0]))[inside])
+    with_fov = np.array(Image.open(spilled[0]))
+    # well inside the field of view the two agree; near its edge the FOV run's class 0 may be a vessel here
+    deep = (yy - 32) ** 2 / 32 ** 2 + (xx - 48) ** 2 / 48 ** 2 < 0.64
+    np.testing.assert_array_equal(whole[deep], with_fov[deep])
+    assert (whole[with_fov == 1] == 1).all()
     with pytest.raises(ValueError, match="not found"):
         sg.segment([tmp_path / "nope.jpg"], ckpt, tmp_path / "seg")
     with pytest.raises(ValueError, match="fov"):
