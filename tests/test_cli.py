@@ -45,3 +45,21 @@ def test_version_and_plain_top_level_help():
     assert out.returncode == 0 and out.stdout.startswith("wsseg ")
     text = cli.parser().format_help()
     assert "``" not in text and "wsseg segment" in text
+
+
+def test_options_of_another_network_are_one_line_before_anything_runs(tmp_path):
+    """``segmentation.options`` are checked against the builder when the config loads: a leftover
+    ``{"width": 16}`` (small's option) under the default lite network is refused at once."""
+    import pytest
+
+    ns = cli.parser().parse_args(["train", "--run-dir", str(tmp_path / "run"), "--set", 'segmentation.options={"width": 16}'])
+    with pytest.raises(ValueError) as e:
+        cli.build_config(ns)
+    msg = str(e.value)
+    assert "\n" not in msg and "model 'lite' takes no option 'width'" in msg and "variant" in msg
+    ns = cli.parser().parse_args(["train", "--network", "small", "--set", 'segmentation.options={"width": 16}'])
+    assert cli.build_config(ns).segmentation.options == {"width": 16}
+    out = subprocess.run([sys.executable, "-m", "flows.cli", "train", "--run-dir", str(tmp_path / "run"),
+                          "--set", 'segmentation.options={"width": 16}'], cwd=ROOT, capture_output=True, text=True)
+    assert out.returncode != 0 and "takes no option 'width'" in out.stderr and "Traceback" not in out.stderr
+    assert not (tmp_path / "run").exists()
