@@ -14,6 +14,7 @@ from __future__ import annotations
 import time
 
 from tasks.config import NOT_IN_ROUNDS, WSSSConfig
+from tasks.encoders import with_weight_digests
 from tasks.feature_cache import compute_features
 from tasks.pipeline import _worker_setup, foreground_on, prelim_model, preliminary_image, pseudo_image
 from tasks.progress import run_log
@@ -32,7 +33,8 @@ def refresh_problem(store: Store, r: int, config: WSSSConfig) -> str | None:
         if before != classes_entry(classes):
             return (f"the class list changed since round {r} was trained ({len(before.get('names', []))} -> "
                     f"{classes.n} classes): its models cannot label the new classes; run `wsseg train` to retrain")
-        now = round_inputs(classes, [], config)["config"]
+        # the round recorded its weight files' digests; a configuration as a user passes it has none yet
+        now = round_inputs(classes, [], with_weight_digests(config))["config"]
         fields = sorted(k for k in set(now) | set(recorded.get("config") or {})
                         if now.get(k) != (recorded.get("config") or {}).get(k) and k not in NOT_IN_ROUNDS)
         if fields:
