@@ -205,8 +205,8 @@ def cmd_ingest(args) -> int:
     if args.alpha_background is not None:
         ing.parse_colour(args.alpha_background)
     if check.rejected:
-        print(f"skipping {len(check.rejected)} of {check.listed} listed image(s) (--skip-invalid); "
-              "the report lists each with its problems", file=sys.stderr)
+        print(f"skipping {len(check.rejected)} of {check.listed} listed image(s) (--skip-invalid):",
+              *check.skipped_lines(), sep="\n", file=sys.stderr)
 
     from flows.runtime import dask_cluster, on_cluster
     from flows.wsss import ingest

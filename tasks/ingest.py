@@ -99,6 +99,15 @@ class SourceCheck:
     def problems(self) -> list[str]:
         return self.fatal + [p for r in self.rejected for p in r["problems"]]
 
+    def skipped_lines(self, limit: int = 20) -> list[str]:
+        """The rejected rows a user is told about on the console, one line each (its first
+        problem, which names the file or the line of labels.csv): the first ``limit``, then a
+        count of the rest."""
+        lines = [f"  {r['problems'][0]}" for r in self.rejected[:limit]]
+        if len(self.rejected) > limit:
+            lines.append(f"  ... and {len(self.rejected) - limit} more (corpus/ingest_report.json lists every one)")
+        return lines
+
     def raise_for(self, skip_invalid: bool = False) -> None:
         """Raise :class:`IngestError` for source-level problems, for per-row ones unless
         ``skip_invalid``, and when nothing is left to ingest."""

@@ -80,6 +80,11 @@ def test_skip_invalid_skips_every_per_row_problem(tmp_path):
     assert [r["line"] for r in check.rejected] == [3, 4, 5, 6, 7, 8, 9, 10]
     assert all(len(r["problems"]) == 1 for r in check.rejected) and not check.fatal
     check.raise_for(skip_invalid=True)  # the valid row goes on
+    # the console names the skipped rows: the first ones, then a count
+    assert check.skipped_lines() == [f"  {r['problems'][0]}" for r in check.rejected]
+    short = check.skipped_lines(limit=3)
+    assert len(short) == 4 and "labels.csv:4: bad image_id 'bad id'" in short[1]
+    assert short[-1].startswith("  ... and 5 more")
     with pytest.raises(IngestError) as e:
         check.raise_for(skip_invalid=False)
     assert len(e.value.problems) == 8 and str(e.value).startswith("8 problem(s)")
