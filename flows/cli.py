@@ -205,7 +205,7 @@ def cmd_ingest(args) -> int:
     if args.alpha_background is not None:
         ing.parse_colour(args.alpha_background)
     if check.rejected:
-        print(f"skipping {len(check.rejected)} of {check.listed} listed image(s) (--skip-invalid):",
+        print(f"skipping {len(check.rejected)} of {check.listed} listed image(s) (--skip-invalid; the ingest report lists every one):",
               *check.skipped_lines(), sep="\n", file=sys.stderr)
 
     from flows.runtime import dask_cluster, on_cluster

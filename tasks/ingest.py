@@ -105,7 +105,7 @@ class SourceCheck:
         count of the rest."""
         lines = [f"  {r['problems'][0]}" for r in self.rejected[:limit]]
         if len(self.rejected) > limit:
-            lines.append(f"  ... and {len(self.rejected) - limit} more (corpus/ingest_report.json lists every one)")
+            lines.append(f"  ... and {len(self.rejected) - limit} more")
         return lines
 
     def raise_for(self, skip_invalid: bool = False) -> None:
