@@ -276,12 +276,21 @@ def on_cluster(flow_fn, address: str | None):
 
 
 # The watchdog of start_reaper(): it records the command's descendants while the command lives and
-# ends those still running once it is gone (SIGTERM, then SIGKILL after 5 s).
+# ends those still running once it is gone (SIGTERM, then SIGKILL after 5 s). Polling alone misses a
+# process started in the last half second (or all of them, when the command is killed before the
+# watchdog's first look), and once the command is gone its orphans are no longer its children: so
+# every descendant also carries the token WSSEG_REAPER_TOKEN in its environment (inherited from the
+# command), and after the command ends the watchdog also ends every process of this user that
+# carries it, scanning again until none is left.
 _REAPER = """
 import os, sys, time
 import psutil
-parent, me, seen = psutil.Process(int(sys.argv[1])), os.getpid(), {}
-while True:
+token, me, seen = sys.argv[2], os.getpid(), {}
+try:
+    parent = psutil.Process(int(sys.argv[1]))
+except psutil.NoSuchProcess:
+    parent = None
+while parent is not None:
     try:
         if not parent.is_running() or parent.status() == psutil.STATUS_ZOMBIE:
             break
@@ -291,6 +300,32 @@ while True:
     except psutil.NoSuchProcess:
         break
     time.sleep(0.5)
+
+def tagged():
+    out = []
+    for p in psutil.process_iter():
+        if p.pid == me:
+            continue
+        try:
+            if p.environ().get("WSSEG_REAPER_TOKEN") == token:
+                out.append(p)
+        except (psutil.Error, OSError):
+            pass
+    return out
+
+def end(procs):
+    for p in procs:
+        try:
+            p.terminate()
+        except psutil.NoSuchProcess:
+            pass
+    gone, alive = psutil.wait_procs(procs, timeout=5)
+    for p in alive:
+        try:
+            p.kill()
+        except psutil.NoSuchProcess:
+            pass
+
 procs = []
 for pid, started in seen.items():
     try:
@@ -299,17 +334,12 @@ for pid, started in seen.items():
             procs.append(p)
     except psutil.NoSuchProcess:
         pass
-for p in procs:
-    try:
-        p.terminate()
-    except psutil.NoSuchProcess:
-        pass
-gone, alive = psutil.wait_procs(procs, timeout=5)
-for p in alive:
-    try:
-        p.kill()
-    except psutil.NoSuchProcess:
-        pass
+end(procs)
+for _ in range(10):  # a process ended above may have started others meanwhile
+    left = tagged()
+    if not left:
+        break
+    end(left)
 """
 
 
@@ -318,8 +348,12 @@ def start_reaper() -> None:
     nannies, the local Prefect API server, data-loader workers) when this process ends, however
     it ends: a SIGKILL gives the command itself no chance to stop them. The watchdog runs in a
     session of its own, so a Ctrl-C to the terminal's job reaches the command, not it."""
+    import secrets
     import subprocess
     import sys
 
-    subprocess.Popen([sys.executable, "-c", _REAPER, str(os.getpid())], start_new_session=True,
+    token = f"{os.getpid()}-{secrets.token_hex(8)}"
+    os.environ["WSSEG_REAPER_TOKEN"] = token  # every process this command starts from now on inherits it
+    env = {k: v for k, v in os.environ.items() if k != "WSSEG_REAPER_TOKEN"}  # the watchdog must not carry it
+    subprocess.Popen([sys.executable, "-c", _REAPER, str(os.getpid()), token], start_new_session=True, env=env,
                      stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, close_fds=True)

@@ -233,3 +233,42 @@ def test_prefect_server_gone_mid_run_keeps_the_outputs_and_says_what_was_not_rec
             os.killpg(server.pid, signal.SIGKILL)
         except ProcessLookupError:
             pass
+
+
+# A command that starts a grandchild which leaves its parent (an orphan, as a worker's own helper becomes
+# when the worker dies) and is then SIGKILLed before the watchdog's first look: the orphan is not among the
+# command's descendants any more when the watchdog notices, only the token in its environment says whose it is.
+_ORPHANING = """
+import os, signal, subprocess, sys, time
+sys.path.insert(0, sys.argv[1])
+from flows.runtime import start_reaper
+start_reaper()
+r, w = os.pipe()
+if os.fork() == 0:  # the child starts the grandchild and leaves at once: the grandchild is an orphan
+    os.close(r)
+    g = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(600)"], stdout=subprocess.DEVNULL,
+                         stderr=subprocess.DEVNULL)
+    os.write(w, str(g.pid).encode())
+    os._exit(0)
+os.close(w)
+print(os.read(r, 64).decode(), flush=True)
+os.wait()
+os.kill(os.getpid(), signal.SIGKILL)
+"""
+
+
+def test_the_watchdog_ends_an_orphan_the_command_left_before_it_was_killed():
+    proc = subprocess.run([sys.executable, "-c", _ORPHANING, str(ROOT)], capture_output=True, text=True,
+                          timeout=60)
+    assert proc.returncode == -signal.SIGKILL, proc.stderr
+    orphan = psutil.Process(int(proc.stdout.strip()))
+    started = orphan.create_time()
+    assert orphan.ppid() != os.getpid()
+    try:
+        deadline = time.monotonic() + 30
+        while _alive({orphan.pid: started}) and time.monotonic() < deadline:
+            time.sleep(0.2)
+        assert not _alive({orphan.pid: started}), "the orphan outlived the killed command"
+    finally:
+        if _alive({orphan.pid: started}):
+            orphan.kill()
