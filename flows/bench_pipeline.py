@@ -38,6 +38,7 @@ from typing import Any, Callable, Iterator
 
 from prefect import flow, task
 
+from flows.naming import FlowRunName, ShardRunName
 from flows.runtime import dask_cluster, on_cluster
 from flows.wsss import SHARD_TASK, ingest, pending_shards, run_shards, shards_of
 from tasks import bench_pipeline as tb
@@ -55,7 +56,8 @@ from tasks.store import Store, files
 __all__ = ["bench_pipeline", "round_pass", "replicate_source", "Bench", "CASES"]
 
 #: one Prefect task per measured stage (the same function, :func:`tasks.bench_pipeline.measured_shard`)
-SHARD_TASKS = {stage: task(name=f"{stage.replace('_', '-')}-shard", **SHARD_TASK)(tb.measured_shard)
+SHARD_TASKS = {stage: task(name=f"{stage.replace('_', '-')}-shard", task_run_name=ShardRunName(stage.replace('_', '-')),
+                           **SHARD_TASK)(tb.measured_shard)
                for stage in tb.SHARD_FUNCTIONS}
 
 
@@ -72,7 +74,7 @@ def measured_stage(stage: str, shards: list[list[str]], label: str, **kwargs) ->
 
 
 # ============================================================================ subflows
-@flow(name="bench-pipeline-replicate")
+@flow(name="bench-pipeline-replicate", flow_run_name=FlowRunName("bench-replicate-{n}"))
 def replicate_source(data: str, out_dir: str, n: int, start: int = 0, seed: int = 0, split: str = "train",
                      source_split: str | None = None, shard_size: int = 32) -> dict:
     """Copies ``start .. start + n - 1`` of ``data``'s images (those of ``source_split``; all when
@@ -107,7 +109,7 @@ def replicate_source(data: str, out_dir: str, n: int, start: int = 0, seed: int 
     return {"images": n, "sha256": shas, "stage": tb.stage_figures(shards, wall, n)}
 
 
-@flow(name="bench-pipeline-round")
+@flow(name="bench-pipeline-round", flow_run_name=FlowRunName("bench-round"))
 def round_pass(run_dir: str, config: WSSSConfig, ids: list[str] | None = None, train: bool = True,
                crf: bool = False) -> dict:
     """Round 0 of ``run_dir`` (all of ``config.split``, or ``ids``) as :func:`flows.wsss.refresh_round`
@@ -416,7 +418,7 @@ CASES: dict[str, Callable[..., dict]] = {"full": full_case, "incremental": incre
 
 
 # ============================================================================ the flow
-@flow(name="bench_pipeline")
+@flow(name="bench_pipeline", flow_run_name=FlowRunName("bench-pipeline"))
 def bench_pipeline(data: str, run_dir: str, sizes: list[int], workers: list[int], out: str, config: WSSSConfig,
                    sample: int = 256, listing_k: int = 50, seed: int = 0, source_split: str | None = None,
                    cases: list[str] | None = None) -> dict:

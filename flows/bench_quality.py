@@ -37,6 +37,7 @@ from typing import Any
 
 from prefect import flow, task
 
+from flows.naming import FlowRunName, ShardRunName
 from flows.runtime import on_cluster
 from flows.wsss import (SHARD_TASK, compute_all_features, evaluate_sources, gate_options, ingest, run_shards,
                         shards_of, train_wsss)
@@ -52,11 +53,11 @@ from tasks.store import ImageRecord, Store
 __all__ = ["bench_quality", "score_model", "seed_spread", "run_ablations", "compare_networks",
            "measure_train_speed"]
 
-cam_crf_task = task(name="cam-crf-shard", **SHARD_TASK)(cam_crf_shard)
-box_grabcut_task = task(name="box-grabcut-shard", **SHARD_TASK)(box_grabcut_shard)
+cam_crf_task = task(name="cam-crf-shard", task_run_name=ShardRunName("cam-crf"), **SHARD_TASK)(cam_crf_shard)
+box_grabcut_task = task(name="box-grabcut-shard", task_run_name=ShardRunName("box-grabcut"), **SHARD_TASK)(box_grabcut_shard)
 
 
-@flow(name="bench_quality")
+@flow(name="bench_quality", flow_run_name=FlowRunName("bench-quality"))
 def bench_quality(data: str, run_dir: str, config: WSSSConfig, out: str, eval_split: str | None = "val",
                   ablate: list[str] | None = None, dask_address: str | None = None, background: str | None = "auto",
                   crf: dict | None = None, compare: list[str] | None = None, compare_seconds: float = 300.0,

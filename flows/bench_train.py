@@ -11,13 +11,14 @@ from pathlib import Path
 
 from prefect import flow
 
+from flows.naming import FlowRunName
 from tasks import bench_train as bt
 from tasks.tracking import Tracker
 
 __all__ = ["bench_train"]
 
 
-@flow(name="bench-train")
+@flow(name="bench-train", flow_run_name=FlowRunName("bench-train-{model}"))
 def bench_train(model: str, out: str | None = None, size: int = 256, batch: int = 8, steps: int = 24,
                 warmup: int = 3, workers: int = 1, threads: int | None = 1, options: dict | None = None,
                 run_dir: str = "runs/bench-train", device: str = "auto", data: str = str(bt.SAMPLE),

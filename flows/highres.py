@@ -21,6 +21,7 @@ from pathlib import Path
 
 from prefect import flow
 
+from flows.naming import FlowRunName
 from models.efficientnet_lite import weights_digest
 from tasks import highres as hr
 from tasks import segment as sg
@@ -31,7 +32,7 @@ from tasks.tracking import Tracker
 __all__ = ["segment", "bench_highres"]
 
 
-@flow(name="segment")
+@flow(name="segment", flow_run_name=FlowRunName("segment"))
 def segment(inputs: list[str], model: str, out: str, patch_size: int | None = None, overlap: int | None = None,
             batch: int = 4, device: str = "cpu", fov: str = "auto", gate: bool | None = None,
             threads: int | None = None) -> dict:
@@ -58,7 +59,7 @@ def segment(inputs: list[str], model: str, out: str, patch_size: int | None = No
     return report
 
 
-@flow(name="bench-highres")
+@flow(name="bench-highres", flow_run_name=FlowRunName("bench-highres"))
 def bench_highres(data: str, split: str, out: str, train_n: int | None = 12, eval_n: int | None = 3,
                   patch_size: int = 256, scale: float = 0.5, steps: int = 400, batch: int = 4, lr: float = 2e-3,
                   width: int = 16, blocks: tuple[int, ...] = (1, 1, 1), overlap: int = 32, balanced: float = 0.0,

@@ -17,6 +17,7 @@ import sys
 
 from prefect import flow
 
+from flows.naming import FlowRunName
 from flows.runtime import dask_cluster, on_cluster
 from flows.wsss import ingest, refresh, train_wsss
 from tasks import refresh as rf
@@ -26,7 +27,7 @@ from tasks.store import Store
 MODES = ("refresh", "retrain")
 
 
-@flow(name="scheduled_refresh")
+@flow(name="scheduled_refresh", flow_run_name=FlowRunName("scheduled-{mode}"))
 def scheduled_refresh(source: str, run_dir: str, config: WSSSConfig = WSSSConfig(), mode: str = "refresh",
                       workers: int = 2, dask_address: str | None = None, model_name: str | None = None) -> dict:
     """Ingest ``source`` into ``run_dir`` again, then refresh (``mode="refresh"``) or retrain

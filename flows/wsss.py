@@ -21,6 +21,7 @@ from prefect.artifacts import create_markdown_artifact, create_progress_artifact
 from prefect.cache_policies import NO_CACHE
 from prefect.futures import as_completed
 
+from flows.naming import FlowRunName, ShardRunName
 from flows.runtime import on_cluster
 from tasks import ingest as ing
 from tasks import mil, proposal_classifier, resume, stopping
@@ -45,12 +46,12 @@ SHARD_TASK = dict(cache_policy=NO_CACHE, retries=1, retry_delay_seconds=2)
 #: the bound on shard tasks per stage where no configuration gives one (WSSSConfig.max_shards)
 MAX_SHARDS = WSSSConfig.model_fields["max_shards"].default
 
-ingest_shard = task(name="ingest-shard", **SHARD_TASK)(pl.ingest_shard)
-features_shard = task(name="features-shard", **SHARD_TASK)(pl.features_shard)
-preliminary_shard = task(name="preliminary-shard", **SHARD_TASK)(pl.preliminary_shard)
-pseudo_shard = task(name="pseudo-label-shard", **SHARD_TASK)(pl.pseudo_shard)
-evaluate_shard = task(name="evaluate-shard", **SHARD_TASK)(pl.evaluate_shard)
-refresh_shard = task(name="refresh-shard", **SHARD_TASK)(rf.refresh_shard)
+ingest_shard = task(name="ingest-shard", task_run_name=ShardRunName("ingest"), **SHARD_TASK)(pl.ingest_shard)
+features_shard = task(name="features-shard", task_run_name=ShardRunName("features"), **SHARD_TASK)(pl.features_shard)
+preliminary_shard = task(name="preliminary-shard", task_run_name=ShardRunName("preliminary"), **SHARD_TASK)(pl.preliminary_shard)
+pseudo_shard = task(name="pseudo-label-shard", task_run_name=ShardRunName("pseudo-labels"), **SHARD_TASK)(pl.pseudo_shard)
+evaluate_shard = task(name="evaluate-shard", task_run_name=ShardRunName("evaluate"), **SHARD_TASK)(pl.evaluate_shard)
+refresh_shard = task(name="refresh-shard", task_run_name=ShardRunName("refresh"), **SHARD_TASK)(rf.refresh_shard)
 
 
 def shards_of(records: list[ImageRecord], size: int, max_shards: int = MAX_SHARDS) -> list[list[str]]:
@@ -93,7 +94,7 @@ def run_shards(task_fn, shards: list[list[str]], stage: str, per_shard=None, **k
 
 
 # ============================================================================ ingest
-@flow(name="ingest")
+@flow(name="ingest", flow_run_name=FlowRunName("ingest"))
 def ingest(source: str, run_dir: str, shard_size: int = 32, skip_invalid: bool = False,
            background: str | None = "auto", max_pixels: int = ing.MAX_PIXELS, min_side: int = ing.MIN_SIDE,
            allow_external_links: bool = False, alpha_background: str = ing.ALPHA_BACKGROUND,
@@ -179,7 +180,7 @@ def gate_options(store: Store, config: WSSSConfig) -> dict:
     return {"gate_scales": list(config.classifier.cam_scales)}
 
 
-@flow(name="evaluate")
+@flow(name="evaluate", flow_run_name=FlowRunName("evaluate-{source}-{split}"))
 def evaluate(run_dir: str, round_index: int | None = None, split: str = "train", source: str = "pseudo",
              shard_size: int = 16) -> dict:
     """mIoU of a round's pseudo-labels (``source="pseudo"`` or ``"cam"``) or of a round's model
@@ -213,7 +214,7 @@ def evaluate(run_dir: str, round_index: int | None = None, split: str = "train",
 
 
 # ============================================================================ refresh round
-@flow(name="refresh_round")
+@flow(name="refresh_round", flow_run_name=FlowRunName("round-{round_index}"))
 def refresh_round(run_dir: str, round_index: int, config: WSSSConfig, feature_key: str,
                   train_model: bool = True) -> dict:
     """One refresh round (METHOD.md A steps 1-8), reproducible from its parameters.
@@ -326,7 +327,7 @@ def report_round(store: Store, r: int, records: list[ImageRecord], config: WSSSC
 
 
 # ============================================================================ the whole training
-@flow(name="train_wsss")
+@flow(name="train_wsss", flow_run_name=FlowRunName("train-wsss"))
 def train_wsss(run_dir: str, config: WSSSConfig = WSSSConfig(), dask_address: str | None = None,
                final_model: bool = True, model_name: str | None = None) -> dict:
     """Refresh rounds until the pseudo-labels stop changing (share < epsilon), oscillate (see
@@ -411,7 +412,7 @@ def train_wsss(run_dir: str, config: WSSSConfig = WSSSConfig(), dask_address: st
 
 
 # ============================================================================ incremental refresh
-@flow(name="refresh")
+@flow(name="refresh", flow_run_name=FlowRunName("refresh"))
 def refresh(run_dir: str) -> dict:
     """Label the images of the corpus that the last finished round has no pseudo-label of (new
     since it was computed, or changed or retagged: the ingest dropped theirs) with that round's

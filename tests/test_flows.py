@@ -70,6 +70,16 @@ def _end_to_end(tmp_path, cluster, mlflow):
     cam, first = rows[0]["pseudo_label_miou"], rows[1]["pseudo_label_miou"]
     assert first > cam, f"pseudo-labels ({first:.3f}) do not beat the CAM labels ({cam:.3f}): {rows}"
     assert json.loads((run / "summary.json").read_text())["rounds"] == json.loads(json.dumps(rows))
+    # the Prefect dashboard names each flow run after what it did and its run directory, and each
+    # shard task after its round, stage and images
+    from prefect.client.orchestration import get_client
+
+    with get_client(sync_client=True) as client:
+        flow_names = {f.name for f in client.read_flow_runs()}
+        task_names = {t.name for t in client.read_task_runs()}
+    assert {"run/ingest", "run/train-wsss", "run/round-0", "run/round-1"} <= flow_names, flow_names
+    assert f"round-1/pseudo-labels {E2E_IDS[8]}..{E2E_IDS[15]} (8 images)" in task_names, sorted(task_names)[:20]
+    assert f"features {E2E_IDS[0]}..{E2E_IDS[7]} (8 images)" in task_names, sorted(task_names)[:20]
 
     store = Store(run)
     for rec in store.manifest():
