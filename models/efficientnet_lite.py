@@ -200,11 +200,11 @@ def load_pretrained(net: EfficientNetLite) -> EfficientNetLite:
     """Load the package's ImageNet weights into ``net`` strictly (``weights_only=True``). A 4th input
     channel's stem weights start at zero; a net without a head drops ``_conv_head``/``_bn1``/``_fc``;
     a head of another size keeps its own initialisation (only the 1000-class head is ImageNet's)."""
-    from tasks.store.checkpoints import CheckpointError, read_file  # the one reader of torch files
+    from models.torch_files import CheckpointError, read_local  # the one reader of torch files
 
     path = weights_path(net.variant)
     try:
-        state = read_file(path)
+        state = read_local(path)
     except CheckpointError as exc:
         raise PretrainedWeightsError(
             f"the weight file of package {VARIANTS[net.variant][2]} is damaged: {exc}; reinstall the package, "

@@ -40,7 +40,7 @@ import numpy as np
 
 from tasks.memory import status_kb
 from tasks.store import files
-from tasks.training import BatchSource
+from tasks.training import BatchSource, reduce_fractions, soft_cross_entropy  # noqa: F401 (re-exported)
 
 __all__ = ["reduce_mask", "reduce_fractions", "soft_cross_entropy", "upsample_labels", "load_split", "load_images",
            "dataset_classes", "PatchBatches", "train_highres", "confusion", "vessel_scores", "class_scores", "predict",
@@ -146,27 +146,6 @@ def reduce_mask(mask: np.ndarray, shape: tuple[int, int]) -> np.ndarray:
         vessel = cv2.resize((mask == 1).astype(np.float32), size, interpolation=cv2.INTER_AREA)
         out = (vessel >= 0.5 * np.maximum(valid, 1e-6)).astype(np.uint8)
     out[valid < 0.5] = 255
-    return out
-
-
-def reduce_fractions(mask: np.ndarray, shape: tuple[int, int], num_classes: int) -> np.ndarray:
-    """Each class's share of the annotated area of every pixel of a label mask reduced to ``shape``.
-
-    Returns a (num_classes, H, W) float32 array whose columns sum to 1 where at least half of a
-    reduced pixel's area is annotated and are all 0 elsewhere (ignored). Unlike
-    :func:`reduce_mask`, a class thinner than a reduced pixel (a vessel in a coarse retina image)
-    keeps its share instead of vanishing into the class around it.
-    """
-    import cv2
-    if mask.ndim != 2 or num_classes < 1:
-        raise ValueError(f"mask must be (H, W) and num_classes >= 1, got {mask.shape}, {num_classes}")
-    size = (shape[1], shape[0])
-    valid = cv2.resize((mask != 255).astype(np.float32), size, interpolation=cv2.INTER_AREA)
-    out = np.zeros((num_classes,) + tuple(shape), np.float32)
-    for k in np.flatnonzero(np.bincount(mask.ravel(), minlength=256)[:num_classes]):
-        out[k] = cv2.resize((mask == k).astype(np.float32), size, interpolation=cv2.INTER_AREA)
-    out /= np.maximum(valid, 1e-6)
-    out[:, valid < 0.5] = 0.0
     return out
 
 
@@ -364,20 +343,6 @@ def _pack_soft_targets(patch_targets, coarse_fractions):
     out[:n, 0, :patch_targets.shape[-2], :patch_targets.shape[-1]] = patch_targets.float()
     out[n:, 1:, :coarse_fractions.shape[-2], :coarse_fractions.shape[-1]] = coarse_fractions
     return out
-
-
-def soft_cross_entropy(logits, fractions, class_weights=None):
-    """Cross-entropy against class fractions (B, K, h, w), weighted per class like
-    :func:`tasks.training.segmentation_loss`: sum over pixels and classes of ``w_k q_k (-log p_k)``
-    over the sum of ``w_k q_k``; pixels whose fractions are all 0 are ignored. With one-hot
-    fractions it equals the weighted cross-entropy of the hard labels."""
-    import torch
-    w = fractions if class_weights is None else \
-        fractions * torch.as_tensor(class_weights, dtype=logits.dtype, device=logits.device).view(1, -1, 1, 1)
-    total = w.sum()
-    if total <= 0:
-        return logits.sum() * 0.0
-    return -(w * torch.log_softmax(logits, 1)).sum() / total
 
 
 def _loss_with_soft_coarse(class_weights, weight: float, n_patches: int, p: int, c: int):

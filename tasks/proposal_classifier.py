@@ -15,33 +15,13 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from models.proposal_mlp import ProposalMLP
 from tasks import superpixels as spx
 from tasks.config import ProposalConfig
 from tasks.feature_cache import ImageFeatures, load_features, proposal_inputs
 from tasks.progress import Progress
 from tasks.store import ImageRecord, Store
 from tasks.streaming import RowBudget, RowBuffer, mean_std, split_images
-
-
-class ProposalMLP(nn.Module):
-    """Standardised features -> two hidden layers -> class logits; ``hidden=0``: one linear
-    layer (multinomial logistic regression)."""
-
-    def __init__(self, in_features: int, num_classes: int, hidden: int = 256):
-        super().__init__()
-        self.register_buffer("mean", torch.zeros(in_features))
-        self.register_buffer("std", torch.ones(in_features))
-        if hidden < 0:
-            raise ValueError(f"hidden must be >= 0 (0 = linear), got {hidden}")
-        self.num_classes, self.hidden = num_classes, hidden
-        self.net = nn.Linear(in_features, num_classes) if hidden == 0 else nn.Sequential(
-            nn.Linear(in_features, hidden), nn.ReLU(inplace=True), nn.Dropout(0.2),
-            nn.Linear(hidden, hidden), nn.ReLU(inplace=True), nn.Dropout(0.2),
-            nn.Linear(hidden, num_classes),
-        )
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.net((x - self.mean) / self.std)
 
 
 def proposal_targets(membership: sp.csr_matrix, sp_prob: np.ndarray, sp_areas: np.ndarray,

@@ -175,7 +175,7 @@ def context_sample(rng: np.random.Generator, image: np.ndarray, edge: np.ndarray
     label : (p, p) uint8
         With ``coarse_classes`` = K: a (1 + K, p, p) float32 array instead, the label crop in
         channel 0 and the class fractions of the whole scaled label map at the coarse image's
-        size in channels 1.. (:func:`tasks.highres.reduce_fractions`), for a loss on the coarse
+        size in channels 1.. (:func:`reduce_fractions`), for a loss on the coarse
         image (:func:`coarse_context_loss`).
     """
     from models.global_local import coarse_input
@@ -206,7 +206,6 @@ def context_sample(rng: np.random.Generator, image: np.ndarray, edge: np.ndarray
     boxes = torch.tensor([x0 * p / nw, y0 * p / nh, (x0 + p) * p / nw, (y0 + p) * p / nh], dtype=torch.float32)
     inputs = {"x": x, "coarse": coarse.contiguous(), "boxes": boxes}
     if coarse_classes:
-        from tasks.highres import reduce_fractions
         packed = np.empty((1 + coarse_classes, p, p), np.float32)
         packed[0] = target
         packed[1:] = reduce_fractions(np.ascontiguousarray(label), (p, p), coarse_classes)
@@ -214,14 +213,46 @@ def context_sample(rng: np.random.Generator, image: np.ndarray, edge: np.ndarray
     return inputs, target
 
 
+def reduce_fractions(mask: np.ndarray, shape: tuple[int, int], num_classes: int) -> np.ndarray:
+    """Each class's share of the annotated area of every pixel of a label mask reduced to ``shape``.
+
+    Returns a (num_classes, H, W) float32 array whose columns sum to 1 where at least half of a
+    reduced pixel's area is annotated and are all 0 elsewhere (ignored). Unlike
+    :func:`tasks.highres.reduce_mask`, a class thinner than a reduced pixel (a vessel in a coarse retina image)
+    keeps its share instead of vanishing into the class around it.
+    """
+    if mask.ndim != 2 or num_classes < 1:
+        raise ValueError(f"mask must be (H, W) and num_classes >= 1, got {mask.shape}, {num_classes}")
+    size = (shape[1], shape[0])
+    valid = cv2.resize((mask != 255).astype(np.float32), size, interpolation=cv2.INTER_AREA)
+    out = np.zeros((num_classes,) + tuple(shape), np.float32)
+    for k in np.flatnonzero(np.bincount(mask.ravel(), minlength=256)[:num_classes]):
+        out[k] = cv2.resize((mask == k).astype(np.float32), size, interpolation=cv2.INTER_AREA)
+    out /= np.maximum(valid, 1e-6)
+    out[:, valid < 0.5] = 0.0
+    return out
+
+
+def soft_cross_entropy(logits, fractions, class_weights=None):
+    """Cross-entropy against class fractions (B, K, h, w), weighted per class like
+    :func:`segmentation_loss`: sum over pixels and classes of ``w_k q_k (-log p_k)``
+    over the sum of ``w_k q_k``; pixels whose fractions are all 0 are ignored. With one-hot
+    fractions it equals the weighted cross-entropy of the hard labels."""
+    w = fractions if class_weights is None else \
+        fractions * torch.as_tensor(class_weights, dtype=logits.dtype, device=logits.device).view(1, -1, 1, 1)
+    total = w.sum()
+    if total <= 0:
+        return logits.sum() * 0.0
+    return -(w * torch.log_softmax(logits, 1)).sum() / total
+
+
 def coarse_context_loss(class_weights: Sequence[float] | None, weight: float) -> tuple[Callable, Callable]:
     """``(loss, forward)`` for :func:`fit` on :class:`ContextDataset` samples with ``coarse_classes``:
     the crop's cross-entropy (:func:`segmentation_loss`) + ``weight`` x the soft cross-entropy of
     the coarse head's prediction of the whole image against its label fractions
-    (:func:`tasks.highres.soft_cross_entropy`). The network must be a global-local one built with
+    (:func:`soft_cross_entropy`). The network must be a global-local one built with
     ``coarse_head``; ``forward`` stacks its crop and coarse logits."""
     from models.global_local import indexed_boxes
-    from tasks.highres import soft_cross_entropy
     ce = segmentation_loss(class_weights)
 
     def forward(model, x: dict):

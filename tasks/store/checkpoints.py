@@ -1,4 +1,5 @@
-"""Checkpoint files: the only code that calls ``torch.save`` and ``torch.load``.
+"""Checkpoint files: the only code that calls ``torch.save``, and (through
+:mod:`models.torch_files`, which also reads the ImageNet weight files) ``torch.load``.
 
 Every file is written atomically (a temporary file in the same folder, then a rename) and read
 with ``torch.load(weights_only=True)``: a checkpoint holds tensors and plain data (numbers,
@@ -11,7 +12,7 @@ Three kinds of file:
 * **model checkpoints** (:func:`save_model` / :func:`load_model`): weights plus how to rebuild
   the network (registry name, class count, input channels, builder options) and free metadata;
 * **corpus classifiers** (:func:`save_classifier` / :func:`load_classifier`): the superpixel MIL
-  and proposal classifiers (:class:`tasks.proposal_classifier.ProposalMLP`), weights plus their
+  and proposal classifiers (:class:`models.proposal_mlp.ProposalMLP`), weights plus their
   shape, and whatever plain data the trainer recorded (losses, changed shares);
 * **training state** (:class:`StateFile`): model, optimiser and schedule of an unfinished
   training, written after every epoch so that a stopped training resumes.
@@ -20,7 +21,6 @@ from __future__ import annotations
 
 import io
 import os
-import pickle
 import tempfile
 from pathlib import Path
 from typing import Any
@@ -28,14 +28,16 @@ from typing import Any
 import torch
 from torch import nn
 
+from models.proposal_mlp import ProposalMLP
+from models.torch_files import CheckpointError, read_plain
+
+__all__ = ["CheckpointError", "read_file", "save_model", "load_model", "save_classifier", "load_classifier",
+           "StateFile"]
+
 #: builder references of checkpoints written before the registry knew every network by name
 LEGACY_BUILDERS = {"models.small:image_classifier": "image_classifier",
                    "models.small:small_segnet": "small", "models.fusion_net:fusion_net": "fusion",
                    "models.global_local:global_local": "global_local"}
-
-
-class CheckpointError(ValueError):
-    """A checkpoint file that cannot be used; the message names the file and the problem."""
 
 
 def _as_path(path: Any) -> Path:
@@ -67,7 +69,8 @@ def _atomic_save(obj: Any, path: str | os.PathLike) -> Path:
 
 
 def read_file(path: str | os.PathLike, device: str | torch.device = "cpu") -> dict:
-    """The plain content of a checkpoint file, loaded with ``weights_only=True``.
+    """The plain content of a checkpoint file, local or on object storage, loaded with
+    ``weights_only=True`` (:func:`models.torch_files.read_plain`).
 
     Raises
     ------
@@ -78,22 +81,7 @@ def read_file(path: str | os.PathLike, device: str | torch.device = "cpu") -> di
     path = _as_path(path)
     if not path.is_file():
         raise CheckpointError(f"{path}: no such checkpoint file")
-    try:
-        source = path if isinstance(path, Path) else io.BytesIO(path.read_bytes())
-        state = torch.load(source, map_location=device, weights_only=True)
-    except pickle.UnpicklingError as e:
-        lines = [ln.strip() for ln in str(e).splitlines() if ln.strip()]
-        first = next((ln for ln in lines if "GLOBAL" in ln or "Unsupported" in ln), lines[-1] if lines else
-                     type(e).__name__)
-        raise CheckpointError(f"{path}: refused: the file holds more than tensors and plain data, and "
-                              f"wsseg never runs code from a file ({first})") from None
-    except (OSError, RuntimeError, EOFError, ValueError, KeyError, IndexError) as e:
-        raise CheckpointError(f"{path}: not a readable checkpoint, truncated or not written by torch "
-                              f"({type(e).__name__}: {str(e).strip().splitlines()[0] if str(e).strip() else ''})") \
-            from None
-    if not isinstance(state, dict):
-        raise CheckpointError(f"{path}: not a wsseg checkpoint (a {type(state).__name__}, not a dict)")
-    return state
+    return read_plain(path if isinstance(path, Path) else io.BytesIO(path.read_bytes()), path, device)
 
 
 # ---------------------------------------------------------------------------- networks
@@ -149,8 +137,6 @@ def save_classifier(path: str | os.PathLike, model: nn.Module | None, **extra: A
 
 def load_classifier(path: str | os.PathLike) -> dict:
     """The content of :func:`save_classifier`'s file with ``model`` rebuilt (eval mode) or None."""
-    from tasks.proposal_classifier import ProposalMLP
-
     path = _as_path(path)
     state = read_file(path)
     if state.get("kind") != "proposal_mlp":
