@@ -13,7 +13,6 @@ import numpy as np
 import scipy.sparse as sp
 import torch
 import torch.nn.functional as F
-from torch import nn
 
 from models.proposal_mlp import ProposalMLP
 from tasks import superpixels as spx

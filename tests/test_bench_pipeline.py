@@ -71,17 +71,17 @@ def test_stage_figures_and_worker_peaks():
 
 
 def _parse(argv):
-    from flows.cli import _add_bench_pipeline_parser
+    from flows.cli_bench import add_bench_pipeline_parser
 
     ap = argparse.ArgumentParser(prog="wsseg")
     sub = ap.add_subparsers(dest="command")
     bench = sub.add_parser("bench").add_subparsers(dest="bench")
-    _add_bench_pipeline_parser(bench)
+    add_bench_pipeline_parser(bench)
     return ap.parse_args(argv)
 
 
 def test_bad_sizes_are_refused_before_anything_starts(tmp_path):
-    from flows.cli import cmd_bench_pipeline
+    from flows.cli_bench import cmd_bench_pipeline
 
     args = _parse(["bench", "pipeline", "--data", str(tmp_path), "--replicate", "10,x", "--out", str(tmp_path / "o.json")])
     with pytest.raises(ValueError, match="--replicate expects positive whole numbers"):
@@ -97,7 +97,7 @@ def _sha(path: Path) -> str:
 
 
 def test_bench_pipeline_end_to_end(tmp_path, prefect_harness, one_torch_thread):
-    from flows.cli import cmd_bench_pipeline
+    from flows.cli_bench import cmd_bench_pipeline
 
     data = copy_sample(tmp_path / "data", IDS)
     run, out = tmp_path / "run", tmp_path / "res" / "pipe.json"

@@ -53,12 +53,12 @@ def test_ablation_variants_flag_what_the_config_cannot_express():
 
 
 def _parse(argv):
-    from flows.cli import _add_bench_quality_parser
+    from flows.cli_bench import add_bench_quality_parser
 
     ap = argparse.ArgumentParser(prog="wsseg")
     sub = ap.add_subparsers(dest="command")
     bench = sub.add_parser("bench").add_subparsers(dest="bench")
-    _add_bench_quality_parser(bench)
+    add_bench_quality_parser(bench)
     return ap.parse_args(argv)
 
 
@@ -75,7 +75,7 @@ def test_bench_quality_end_to_end(tmp_path, prefect_harness, capsys):
                    "--set", "segmentation.num_workers=0", "--set", "proposals.epochs=3",
                    "--set", "classifier.cam_scales=[1.0]", "--set", "shard_size=4", "--rounds", "1",
                    "--compare-models", 'small={"width": 4}', "--compare-seconds", "2", "--model-seeds", "2"])
-    from flows.cli import cmd_bench_quality
+    from flows.cli_bench import cmd_bench_quality
 
     assert args.run_dir == str(run) and args.func is cmd_bench_quality
     assert args.func(args) == 0

@@ -6,7 +6,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from flows import cli
+from flows import cli, cli_common
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -30,12 +30,12 @@ def test_one_default_run_directory():
     defaults = {(" ".join(path)): a.default for path, p in _parsers(cli.parser()) for a in p._actions
                 if "--run-dir" in a.option_strings}
     user_facing = {k: v for k, v in defaults.items() if not k.startswith("wsseg bench")}
-    assert set(user_facing.values()) == {cli.DEFAULT_RUN_DIR}, defaults
+    assert set(user_facing.values()) == {cli_common.DEFAULT_RUN_DIR}, defaults
 
 
 def test_network_flag_and_model_alias_of_train():
     ns = cli.parser().parse_args(["train", "--network", "fusion"])
-    assert ns.network == "fusion" and cli.build_config(ns).segmentation.model == "fusion"
+    assert ns.network == "fusion" and cli_common.build_config(ns).segmentation.model == "fusion"
     assert cli.parser().parse_args(["train", "--model", "small"]).network == "small"
     assert cli.parser().parse_args(["segment", "a.jpg", "--model", "m.pt", "--out", "o"]).model == "m.pt"
 
@@ -54,11 +54,11 @@ def test_options_of_another_network_are_one_line_before_anything_runs(tmp_path):
 
     ns = cli.parser().parse_args(["train", "--run-dir", str(tmp_path / "run"), "--set", 'segmentation.options={"width": 16}'])
     with pytest.raises(ValueError) as e:
-        cli.build_config(ns)
+        cli_common.build_config(ns)
     msg = str(e.value)
     assert "\n" not in msg and "model 'lite' takes no option 'width'" in msg and "variant" in msg
     ns = cli.parser().parse_args(["train", "--network", "small", "--set", 'segmentation.options={"width": 16}'])
-    assert cli.build_config(ns).segmentation.options == {"width": 16}
+    assert cli_common.build_config(ns).segmentation.options == {"width": 16}
     out = subprocess.run([sys.executable, "-m", "flows.cli", "train", "--run-dir", str(tmp_path / "run"),
                           "--set", 'segmentation.options={"width": 16}'], cwd=ROOT, capture_output=True, text=True)
     assert out.returncode != 0 and "takes no option 'width'" in out.stderr and "Traceback" not in out.stderr

@@ -244,16 +244,16 @@ def test_read_image_reduced_decode_matches_full_decode(tmp_path):
 def test_parsers_register_commands():
     parser = argparse.ArgumentParser(prog="wsseg")
     sub = parser.add_subparsers(dest="command")
-    from flows import cli
-    cli._add_segment_parser(sub)
+    from flows import cli_bench, commands
+    commands.add_segment_parser(sub)
     bench = sub.add_parser("bench").add_subparsers(dest="bench")
-    cli._add_bench_highres_parser(bench)
+    cli_bench.add_bench_highres_parser(bench)
     # the names of the issue ...
     a = parser.parse_args(["segment", "x.jpg", "y.jpg", "--model", "runs/r", "--out", "o", "--overlap", "8"])
-    assert a.func is cli.cmd_segment and a.inputs == ["x.jpg", "y.jpg"] and a.overlap == 8
+    assert a.func is commands.cmd_segment and a.inputs == ["x.jpg", "y.jpg"] and a.overlap == 8
     assert (a.model, a.out, a.fov) == ("runs/r", "o", "auto")
     b = parser.parse_args(["bench", "highres", "--data", "d", "--split", "val", "--out", "r.json", "--steps", "5"])
-    assert b.func is cli.cmd_bench_highres
+    assert b.func is cli_bench.cmd_bench_highres
     assert (b.data, b.split, b.out, b.steps, b.patch_size) == ("d", "val", "r.json", 5, 256)
     # ... and the earlier ones, as aliases
     a = parser.parse_args(["segment", "x.jpg", "--checkpoint", "m.pt", "--out-dir", "o2", "--fov", "none"])

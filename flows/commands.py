@@ -1,0 +1,227 @@
+"""The commands of method A and the run directory: ``wsseg demo``, ``ingest``, ``train``,
+``refresh``, ``evaluate``, ``status``, ``ui`` and ``segment`` (their parsers are in
+:func:`flows.cli.parser`, ``segment``'s here)."""
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+from pathlib import Path
+
+from flows.cli_common import (SAMPLE, storage_args, run_root, build_config, DEMO_CONFIG, print_rounds,
+                              print_final, print_where)
+
+
+def cmd_ingest(args) -> int:
+    from tasks import ingest as ing
+
+    bg = None if args.background == "none" else args.background
+    # options left unset take the defaults of tasks.ingest (the flow's keyword defaults)
+    checks = {k: v for k, v in dict(max_pixels=args.max_pixels, min_side=args.min_side,
+                                     allow_external_links=args.allow_external_links or None).items() if v is not None}
+    opts = checks | ({"alpha_background": args.alpha_background} if args.alpha_background is not None else {})
+    # the cheap checks (listing, tags, ids, duplicates, headers, links) before any worker or server starts
+    check = ing.check_source(args.source, background=bg, **checks)
+    check.raise_for(args.skip_invalid)
+    if args.alpha_background is not None:
+        ing.parse_colour(args.alpha_background)
+    if check.rejected:
+        print(f"skipping {len(check.rejected)} of {check.listed} listed image(s) (--skip-invalid; the ingest report lists every one):",
+              *check.skipped_lines(), sep="\n", file=sys.stderr)
+
+    from flows.runtime import dask_cluster, on_cluster
+    from flows.wsss import ingest
+
+    # a clean source's headers were just read: the flow does not read them again (with rejected
+    # images it does, so that it knows them). Absolute paths: the workers of an existing cluster
+    # run in folders of their own
+    root = run_root(args.run_dir)
+    with dask_cluster(args.dask_address, args.workers, root) as address:
+        s = on_cluster(ingest, address)(str(Path(args.source).resolve()), str(root), args.shard_size,
+                                        args.skip_invalid, bg, headers_checked=not check.rejected, **opts)
+    print(f"ingested {s['images']} of {s['listed']} listed images ({s['skipped']} skipped, {s['problems']} "
+          f"problem(s)), {s['classes']} classes, splits {s['splits']}, implicit background: "
+          f"{s['implicit_background']}")
+    if s["composited"]:
+        print(f"{s['composited']} image(s) with transparent pixels composited on the background colour "
+              f"({args.alpha_background or ing.ALPHA_BACKGROUND}; see the report)")
+    for w in s.get("warnings", []):
+        print(f"warning: {w}", file=sys.stderr)
+    ch = s.get("changes") or {}
+    if ch and ch["added"] != s["images"]:  # an ingest again into a run directory holding a corpus
+        print(f"against the corpus before: {ch['added']} added, {ch['removed']} removed, {ch['changed']} changed, "
+              f"{ch['retagged']} retagged, {ch['unchanged']} unchanged; {ch['decoded']} image(s) decoded")
+        if ch.get("classes"):
+            print(f"the class list changed ({len(ch['classes']['before'])} -> {len(ch['classes']['now'])} classes): "
+                  "`wsseg train` retrains; `wsseg refresh` cannot label with the old models")
+        elif ch["added"] or ch["changed"] or ch["retagged"]:
+            print(f"label them with the current models: wsseg refresh --run-dir {args.run_dir}  "
+                  f"(or retrain: wsseg train --run-dir {args.run_dir})")
+    print(f"report: {s['report']}")
+    print(run_root(args.run_dir) / "corpus")
+    return 0
+
+
+def cmd_refresh(args) -> int:
+    from flows.runtime import dask_cluster, on_cluster
+    from flows.wsss import refresh
+
+    run = run_root(args.run_dir)
+    with dask_cluster(args.dask_address, args.workers, run) as address:
+        s = on_cluster(refresh, address)(str(run))
+    if args.json:
+        print(json.dumps(s, default=str))
+        return 0
+    miou = "-" if s["pseudo_label_miou"] is None else f"{s['pseudo_label_miou']:.4f}"
+    print(f"labelled {s['labelled']} of {s['images']} images with round {s['round']}'s models in "
+          f"{s['wall_seconds']:.1f} s ({s['core_ms_per_image']:.0f} core-ms per image: features "
+          f"{s['stage_seconds']['features']:.1f} s, preliminary {s['stage_seconds']['prelim']:.1f} s, pseudo-labels "
+          f"{s['stage_seconds']['pseudo']:.1f} s); their pseudo-label mIoU {miou}")
+    from tasks.store import Store
+
+    print(Store(run).root / "refresh.json")
+    return 0
+
+
+def cmd_train(args, base: dict | None = None) -> int:
+    from flows.runtime import dask_cluster, on_cluster
+    from flows.wsss import train_wsss
+
+    config = build_config(args, base)
+    run = run_root(args.run_dir)
+    with dask_cluster(args.dask_address, args.workers, run) as address:
+        s = on_cluster(train_wsss, address)(str(run), config, address, model_name=args.register)
+    if args.json:
+        print(json.dumps(s, default=str))
+        return 0
+    print()
+    print_rounds(s["rounds"])
+    print_final(s)
+    print(f"\nconverged: {s['converged']}; {len(s['rounds']) - 1} round(s) on {s['images']} images in "
+          f"{s['wall_seconds']:.0f}s; final model {s['final_model']}")
+    print_where(run)
+    from tasks.store import Store
+
+    print(Store(run).summary_path)
+    return 0
+
+
+def cmd_demo(args) -> int:
+    from flows.runtime import dask_cluster, on_cluster
+    from flows.wsss import ingest, train_wsss
+
+    t0 = time.perf_counter()
+    run = run_root(args.run_dir)
+    config = build_config(args, DEMO_CONFIG)
+    print(f"wsseg demo: {SAMPLE} -> {run}", flush=True)
+    with dask_cluster(args.dask_address, args.workers, run) as address:
+        on_cluster(ingest, address)(str(SAMPLE), str(run), 16, False, "auto")
+        s = on_cluster(train_wsss, address)(str(run), config, address, model_name=args.register)
+    print("\npseudo-label quality on the sample (tags only for training; masks only for this table):")
+    print_rounds(s["rounds"])
+    print_final(s)
+    print(f"\nconverged: {s['converged']}; total wall time {time.perf_counter() - t0:.0f}s; "
+          f"overlays: {run / 'rounds' / 'r000' / 'overlay.png'} ...")
+    print_where(run)
+    from tasks.store import Store
+
+    print(Store(run).summary_path)
+    return 0
+
+
+def cmd_evaluate(args) -> int:
+    from flows.runtime import dask_cluster, on_cluster
+    from flows.wsss import evaluate
+
+    with dask_cluster(args.dask_address, args.workers, run_root(args.run_dir)) as address:
+        res = on_cluster(evaluate, address)(str(run_root(args.run_dir)), args.round, args.split, args.source)
+    if args.json:
+        print(json.dumps(res))
+        return 0
+    gate = (f" (gated by the image classifier; ungated {res['ungated_miou']:.4f})"
+            if res.get("gated") else "")
+    print(f"round {res['round']} {args.source} on {args.split}: mIoU {res['miou']:.4f}, "
+          f"pixel accuracy {res['pixel_accuracy']:.4f}, mean class accuracy {res['mean_class_accuracy']:.4f}{gate}; "
+          f"mIoU {res['chance_miou']:.4f} at chance (the same class shares placed at random)")
+    f = lambda v: "-" if v is None else f"{v:.3f}"  # noqa: E731
+    print(f"  {'class':>12} {'IoU':>6} {'acc.':>6} {'chance':>6}")
+    for name, v in res["per_class_iou"].items():
+        a = res.get("per_class_accuracy", {}).get(name)
+        print(f"  {name:>12} {f(v):>6} {f(a):>6} {f(res['per_class_chance_iou'].get(name)):>6}")
+    return 0
+
+
+def cmd_status(args) -> int:
+    from tasks.status import format_status, run_status
+    from tasks.store import Store
+
+    store = Store(args.run)  # a URL's scheme checked here
+    store.check_reachable()
+    if not (store.exists() if store.remote else store.root.is_dir()):
+        raise ValueError(f"{args.run}: no such run directory")
+    st = run_status(store)
+    print(json.dumps(st, default=str) if args.json else format_status(st))
+    return 0
+
+
+def cmd_ui(args) -> int:
+    from flows.ui import serve
+
+    return serve(args.run_dir, args.prefect_port, args.mlflow_port, timeout=args.timeout)
+
+
+# ---------------------------------------------------------------------------- method C and bench train (parsers)
+def cmd_segment(args) -> int:
+    from flows.runtime import prefect_api, prepare
+
+    prepare(args.out)  # Prefect and MLflow state of `wsseg segment` live in the --out folder
+    from flows.highres import segment
+
+    t0 = time.perf_counter()
+    try:
+        with prefect_api() as ready:
+            ready()
+            report = segment([str(p) for p in args.inputs], str(args.model), str(args.out), patch_size=args.patch_size,
+                             overlap=args.overlap, batch=args.batch, device=args.device, fov=args.fov, gate=args.gate,
+                             threads=args.threads)
+    except ValueError as e:
+        print(f"wsseg segment: error: {e}", file=sys.stderr)
+        return 2
+    n = len(report["images"])
+    print(f"{n} label map{'s' if n != 1 else ''} in {time.perf_counter() - t0:.1f} s: {Path(args.out).resolve()}")
+    return 0
+
+
+def add_segment_parser(sub) -> argparse.ArgumentParser:
+    """Register ``segment``: label images with a trained checkpoint (global-local: any size)."""
+    p = sub.add_parser(
+        "segment", help="label images with a trained model (global-local: any size, patch by patch)",
+        description="Label images with a trained model. A global-local model (METHOD.md C) works patch by patch "
+                    "with the whole image's coarse context, stitched with bounded memory, and writes "
+                    "<out>/<stem>.png (palette PNG of class indices) and, above 50 megapixels, <out>/<stem>.zarr; "
+                    "outside the camera's field of view (a dark surround, as in fundus photographs) pixels get "
+                    "class 0. The small or fusion model of a `wsseg train` run labels each image whole, its class "
+                    "probabilities weighted by the run's image classifier (see --gate), and writes <stem>.png and "
+                    "<stem>_overlay.png.")
+    p.add_argument("inputs", nargs="+", help="image files (JPEG/PNG/TIFF)")
+    p.add_argument("--model", "--checkpoint", dest="model", required=True, metavar="RUN_OR_CHECKPOINT",
+                   help="a checkpoint (.pt), a `wsseg train` run directory (its final model), or a `wsseg bench "
+                        "highres` output (its JSON or folder: the *_global_local.pt beside it); --checkpoint is an "
+                        "alias; a run directory or checkpoint on object storage as an fsspec URL (s3://bucket/run)")
+    storage_args(p, state=False)
+    p.add_argument("--out", "--out-dir", dest="out", required=True, metavar="DIR",
+                   help="folder for the label PNGs (created); --out-dir is an alias")
+    p.add_argument("--fov", choices=["auto", "none"], default="auto",
+                   help="auto (default): estimate the field of view where the image has a dark surround and give "
+                        "the pixels outside it class 0; none: keep every pixel")
+    p.add_argument("--patch-size", type=int, default=None, help="patch side (default: the model's)")
+    p.add_argument("--overlap", type=int, default=None, help="patch overlap in pixels (default: the checkpoint's)")
+    p.add_argument("--batch", type=int, default=4, help="patches per forward pass (default 4)")
+    p.add_argument("--gate", action=argparse.BooleanOptionalAction, default=None,
+                   help="whole-image models: weight each class by the run's image classifier (default: the run's "
+                        "inference.gate, on unless changed; what `bench quality` measures)")
+    p.add_argument("--device", default="cpu", help="torch device (default cpu)")
+    p.add_argument("--threads", type=int, default=None, help="torch CPU threads (default: torch's)")
+    p.set_defaults(func=cmd_segment)
+    return p
