@@ -35,7 +35,7 @@ TINY = {"classifier": {"epochs": 3, "size": 96, "width": 8, "stride": 16, "batch
         "segmentation": {"epochs": 1, "crop": 96, "batch_size": 4, "num_workers": 0},
         "max_rounds": 1, "shard_size": 8}
 # `wsseg demo` on the small copy: ingest and train in one command (one API server, one cluster)
-DEMO = ("import sys, flows.cli as c; c.SAMPLE = __import__('pathlib').Path(sys.argv[1]); "
+DEMO = ("import sys, flows.cli as c, flows.commands as m; m.SAMPLE = __import__('pathlib').Path(sys.argv[1]); "
         "sys.exit(c.main(['demo', *sys.argv[2:]]))")
 CHROMIUM_ARGS = ["--no-sandbox", "--disable-gpu", "--disable-dev-shm-usage", "--disable-background-networking",
                  "--disable-component-update", "--disable-sync", "--no-first-run"]
@@ -113,6 +113,7 @@ def demo_run(tmp_path_factory) -> Path:
                            "--config", str(base / "tiny.json")], cwd=ROOT, env=env, capture_output=True, text=True,
                           timeout=400)
     assert done.returncode == 0, done.stdout + done.stderr
+    assert f"wsseg demo: {src} -> " in done.stdout, done.stdout  # the small copy, not the bundled sample
     print(f"demo run: {time.monotonic() - t0:.0f}s")
     # the terminal stays quiet: our own progress lines, no Prefect INFO records
     assert "  [classifier] " in done.stderr
