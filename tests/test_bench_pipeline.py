@@ -96,6 +96,7 @@ def _sha(path: Path) -> str:
     return hashlib.sha256(path.read_bytes()).hexdigest()
 
 
+@pytest.mark.command("bench pipeline")
 def test_bench_pipeline_end_to_end(tmp_path, prefect_harness, one_torch_thread):
     from flows.cli_bench import cmd_bench_pipeline
 

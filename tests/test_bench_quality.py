@@ -62,6 +62,7 @@ def _parse(argv):
     return ap.parse_args(argv)
 
 
+@pytest.mark.command("bench quality")
 def test_bench_quality_end_to_end(tmp_path, prefect_harness, capsys):
     data = copy_sample(tmp_path / "data", TRAIN + VAL)
     rows = (data / "labels.csv").read_text().splitlines()

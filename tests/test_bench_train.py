@@ -11,6 +11,7 @@ import pytest
 
 
 @pytest.mark.slow
+@pytest.mark.command("bench train")
 def test_bench_train_fusion_runs_end_to_end(tmp_path):
     out = tmp_path / "bench.json"
     res = subprocess.run([str(Path(sys.executable).parent / "wsseg"), "bench", "train", "--network", "fusion",

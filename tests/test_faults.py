@@ -10,6 +10,7 @@ import time
 from pathlib import Path
 
 import psutil
+import pytest
 
 from test_flows import cluster  # noqa: F401  (the two-worker Dask cluster fixture)
 
@@ -51,6 +52,7 @@ def _outputs(run: Path) -> dict[str, bytes]:
     return out
 
 
+@pytest.mark.command("train")
 def test_sigkill_ends_the_child_processes_and_the_rerun_resumes_bit_identically(tmp_path, prefect_harness,
                                                                                cluster):  # noqa: F811
     """`wsseg train` killed with SIGKILL mid-run: its Dask workers, nannies, Prefect API server and

@@ -97,6 +97,7 @@ def test_train_highres_balanced_lowers_loss_and_validates():
         hr.train_highres([image], [], model=model, patch_size=32, steps=1)
 
 
+@pytest.mark.command("bench highres", "segment")
 def test_bench_and_segment_end_to_end(tmp_path, monkeypatch, capsys):
     from flows.highres import bench_highres
     ids = _synthetic_hrf(tmp_path / "hrf")

@@ -8,6 +8,7 @@ import sys
 from pathlib import Path
 
 import numpy as np
+import pytest
 
 from tasks.status import format_status, run_status
 from tasks.store import ClassSpec, ImageRecord, Store
@@ -51,6 +52,7 @@ def test_status_of_a_run_in_progress(tmp_path):
     assert "tag coverage -1.250" in text and "final labels: round 0 (tag coverage fell: ...; round 0 is final)" in text
 
 
+@pytest.mark.command("status")
 def test_status_command_json(tmp_path):
     store = _store(tmp_path)
     out = subprocess.run([sys.executable, "-m", "flows.cli", "status", str(store.root), "--json"], cwd=ROOT,

@@ -153,6 +153,7 @@ def _wsseg(*args, env=None, timeout=600):
                           env={**os.environ, "OMP_WAIT_POLICY": "PASSIVE", **(env or {})})
 
 
+@pytest.mark.command("ingest", "status")
 def test_cli_ingest_status_and_lock_on_s3(tmp_path, s3):
     """`wsseg ingest --run-dir s3://...` with the endpoint given by --storage-option (the workers
     get it too), then `wsseg status` of the URL: the corpus, the local state folder, no writer."""

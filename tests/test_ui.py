@@ -121,6 +121,7 @@ def demo_run(tmp_path_factory) -> Path:
     return run
 
 
+@pytest.mark.command("demo", "ui")
 def test_ui_dashboards_in_chromium(chromium, demo_run):
     exe = chromium
     from playwright.sync_api import sync_playwright
@@ -225,3 +226,28 @@ def test_ui_dashboards_in_chromium(chromium, demo_run):
                 ui.wait(timeout=30)
             except subprocess.TimeoutExpired:
                 ui.kill()
+
+
+@pytest.mark.command("evaluate", "refresh")
+def test_evaluate_and_refresh_commands_on_the_demo_run(demo_run):
+    """`wsseg evaluate` and `wsseg refresh` through the CLI on the finished run: evaluate reports the
+    figure the round recorded for the same labels; refresh finds every image labelled already."""
+    run = demo_run
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("PREFECT_", "MLFLOW_TRACKING"))}
+    env["OMP_WAIT_POLICY"] = "PASSIVE"
+    common = ["--run-dir", str(run), "--workers", "1", "--json"]
+    ev = subprocess.run([sys.executable, "-m", "flows.cli", "evaluate", *common], cwd=ROOT, env=env,
+                        capture_output=True, text=True, timeout=300)
+    assert ev.returncode == 0, ev.stderr
+    res = json.loads(ev.stdout.strip().splitlines()[-1])
+    final = json.loads((run / "summary.json").read_text())["final_round"]
+    recorded = json.loads((run / "rounds" / f"r{final:03d}" / "round.json").read_text())
+    assert (res["round"], res["source"], res["split"]) == (final, "pseudo", "train")
+    assert res["miou"] == pytest.approx(recorded["pseudo_label_miou"], abs=1e-9)
+    assert set(res["per_class_iou"]) and all(v is None or 0.0 <= v <= 1.0 for v in res["per_class_iou"].values())
+    rf = subprocess.run([sys.executable, "-m", "flows.cli", "refresh", *common], cwd=ROOT, env=env,
+                        capture_output=True, text=True, timeout=300)
+    assert rf.returncode == 0, rf.stderr
+    s = json.loads(rf.stdout.strip().splitlines()[-1])
+    assert (s["images"], s["labelled"]) == (len(IDS), 0)
+    assert json.loads((run / "refresh.json").read_text())["labelled"] == 0
