@@ -85,13 +85,14 @@ def _wsseg(cwd: Path, *argv: str) -> None:
 
 
 def _task_runs(run: Path) -> dict[str, list[str]]:
-    """{task name without its suffix: [state types]} of the task runs recorded in the run
-    directory's Prefect database (the API server of the commands that ran there)."""
+    """{stage: [state types]} of the shard task runs recorded in the run directory's Prefect
+    database (the API server of the commands that ran there); a shard task run is named
+    ``[round-R/]STAGE FIRST..LAST (N images)`` (flows/naming.py)."""
     with sqlite3.connect(run / ".prefect" / "prefect.db") as db:
         rows = db.execute("SELECT name, state_type FROM task_run").fetchall()
     out: dict[str, list[str]] = {}
     for name, state in rows:
-        out.setdefault(name.rsplit("-", 1)[0], []).append(state)
+        out.setdefault(name.split("/")[-1].split(" ")[0], []).append(state)
     return out
 
 
@@ -124,9 +125,9 @@ def test_ingest_and_a_round_on_an_existing_cluster_equal_the_local_cluster(tmp_p
     # ... and reported to the command's Prefect API: every shard task of the run is recorded there,
     # completed, and no worker started a Prefect server of its own
     runs = _task_runs(tmp_path / "ext")
-    shards = {"ingest-shard", "features-shard", "preliminary-shard", "pseudo-label-shard", "evaluate-shard"}
+    shards = {"ingest", "features", "preliminary", "pseudo-labels", "evaluate"}
     assert shards <= set(runs), runs
-    assert all(len(runs[name]) == 3 for name in shards - {"evaluate-shard"}), runs
+    assert all(len(runs[name]) == 3 for name in shards - {"evaluate"}), runs
     assert all(s == "COMPLETED" for states in runs.values() for s in states), runs
     assert sum(executed.values()) >= sum(len(runs[name]) for name in shards)
     assert not list(worker_home.glob("**/*.db"))
