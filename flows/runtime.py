@@ -187,7 +187,7 @@ def check_cluster(address: str, run_dir, timeout: float = 30.0) -> None:
     # a run directory on object storage (a URL) is reached by its URL; a local one must be shared
     path = None if ":/" in str(run_dir) else str(Path(run_dir).resolve())
     hint = ("the scheduler and every worker need the same wsseg installed and the run directory at the same path "
-            "(README, Large corpora: Existing Dask cluster)")
+            "(docs/large-corpora.md#existing-dask-cluster)")
     try:
         client = Client(address, timeout=timeout, set_as_default=False)
     except (OSError, TimeoutError) as e:

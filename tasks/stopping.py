@@ -25,7 +25,7 @@ Measured (pseudo-label mIoU of rounds 0 / 1 / 2 against the masks; tag coverage;
 fraction of rounds 1 / 2), 2026-12-02: the bundled demo 0.491 / 0.536 / 0.502, coverage -1.913 /
 -1.565 / -1.642, reverted 0.25 / 0.41: round 2's coverage falls, round 1 is final (the best);
 msrc21 train 0.606 / 0.656 / 0.672, coverage -1.497 / -1.315 / -1.294, reverted 0.32 / 0.34:
-round 2, the budget, is final (the best); the one-class msrc21 "objects" corpus (README) 0.768 /
+round 2, the budget, is final (the best); the one-class msrc21 "objects" corpus (docs/benchmarks.md#one-class-corpus) 0.768 /
 0.726, coverage -0.853 / -0.898 (the object's share grew, the background's fell more), reverted
 0.69: the oscillation rule stops round 1, round 0 is final (the best); coco128 train 0.060 / 0.082
 / 0.095, coverage -4.396 / -2.843 / -2.970 (round 2 gives the background back some of what round
