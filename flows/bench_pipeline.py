@@ -1,6 +1,6 @@
 """``wsseg bench pipeline``: what one round costs per image, and how that scales, on a corpus of N
 distinct images made from a dataset folder. One command, one Prefect flow run
-(:func:`bench_pipeline`); the work is :mod:`tasks.bench_pipeline`'s.
+(:func:`bench_pipeline`); the work is :mod:`tasks.bench.pipeline`'s.
 
 For each corpus size N (``sizes``, e.g. 1000 and 4000), on a local Dask cluster of
 ``max(workers)`` single-threaded worker processes, each measured case of :data:`CASES` runs;
@@ -10,14 +10,14 @@ the ``full`` case:
    colour-jittered; tags kept) and ingests it into the run directory ``RUN/n<N>/run``;
 2. runs round 0 (:func:`round_pass`, the steps of :func:`flows.wsss.refresh_round` without its
    report) with every shard measured (worker CPU time, wall time, peak memory) and every
-   corpus-wide trainer timed, on the benchmark's trainer budget (:data:`tasks.bench_pipeline.BENCH_CONFIG`);
+   corpus-wide trainer timed, on the benchmark's trainer budget (:data:`tasks.bench.pipeline.BENCH_CONFIG`);
 3. runs it again on the same run directory (everything resumes: the rerun's share of the CPU
    stages' time, and whether every pseudo-label is bit-identical);
-4. measures listing and opening the run directory (:func:`tasks.bench_pipeline.store_listing`);
+4. measures listing and opening the run directory (:func:`tasks.bench.pipeline.store_listing`);
 5. at the first size only, on a sample of its images: the same stages in a fresh run directory
    with 1 worker and with ``max(workers)`` (parallel efficiency; the pseudo-labels must equal
    the main run's), the plain loop in this process (the share of time Prefect, Dask and the
-   store add) and CAM + dense CRF (:func:`tasks.crf.cam_crf_shard`) on the same images.
+   store add) and CAM + dense CRF (:func:`tasks.wsss.crf.cam_crf_shard`) on the same images.
 
 ``CASES`` maps a case's name to ``fn(bench, n) -> dict``; :class:`Bench` gives a case the
 building blocks (clusters, replicated sources, ingest, a measured round) so that another case
@@ -41,21 +41,22 @@ from prefect import flow, task
 from flows.naming import FlowRunName, ShardRunName
 from flows.runtime import dask_cluster, on_cluster
 from flows.wsss import SHARD_TASK, ingest, pending_shards, run_shards, shards_of
-from tasks import bench_pipeline as tb
-from tasks import ingest as ing
-from tasks import mil, proposal_classifier
-from tasks.classifier import train_image_classifier
+from tasks.bench import pipeline as tb
 from tasks.config import WSSSConfig
-from tasks.crf import CRF_DEFAULTS
-from tasks.feature_cache import FEATURE_STAGE, feature_key
-from tasks.memory import reset_peak_rss, rss_mb
-from tasks.progress import Progress
-from tasks.segmenter import train_segmenter
+from tasks.corpus import ingest as ing
+from tasks.runtime.memory import reset_peak_rss, rss_mb
+from tasks.runtime.progress import Progress
 from tasks.store import Store, files
+from tasks.wsss import mil
+from tasks.wsss import proposal_classifier
+from tasks.wsss.classifier import train_image_classifier
+from tasks.wsss.crf import CRF_DEFAULTS
+from tasks.wsss.feature_cache import FEATURE_STAGE, feature_key
+from tasks.wsss.segmenter import train_segmenter
 
 __all__ = ["bench_pipeline", "round_pass", "replicate_source", "Bench", "CASES"]
 
-#: one Prefect task per measured stage (the same function, :func:`tasks.bench_pipeline.measured_shard`)
+#: one Prefect task per measured stage (the same function, :func:`tasks.bench.pipeline.measured_shard`)
 SHARD_TASKS = {stage: task(name=f"{stage.replace('_', '-')}-shard", task_run_name=ShardRunName(stage.replace('_', '-')),
                            **SHARD_TASK)(tb.measured_shard)
                for stage in tb.SHARD_FUNCTIONS}

@@ -6,14 +6,14 @@ One command, one Prefect flow run (:func:`bench_quality`), one Dask cluster:
    (the method reads tags only; masks are read only by the evaluation steps below);
 2. baselines on the same images: ``cam`` (round 0's CAM labels) and ``cam_crf`` (round 0's
    preliminary probabilities refined by a dense CRF over the tagged classes only,
-   :func:`tasks.crf.cam_crf_shard`, in shard tasks on Dask);
+   :func:`tasks.wsss.crf.cam_crf_shard`, in shard tasks on Dask);
 3. the final round's segmentation model, evaluated on ``eval_split``;
 4. the same network trained on the ground-truth masks of the split with the final model's
-   recipe (:func:`tasks.segmenter.final_model_config`: same start, same total epochs, same
+   recipe (:func:`tasks.wsss.segmenter.final_model_config`: same start, same total epochs, same
    seed), evaluated the same way (the supervised reference); with ``model_seeds=N`` both models
    again under N - 1 further seeds (every seed's figures, the mean and range of each and of the
    ratio);
-5. with ``ablate``: one variant per switched-off part of the method (:mod:`tasks.ablation`),
+5. with ``ablate``: one variant per switched-off part of the method (:mod:`tasks.bench.ablation`),
    each in its own run directory sharing the corpus, feature cache, image classifier and round
    0's CAMs of the main run; each runs ``ablate_rounds`` label-only rounds (no model after the
    last) and reports its pseudo-label mIoU beside the main run's at the same round;
@@ -22,9 +22,9 @@ One command, one Prefect flow run (:func:`bench_quality`), one Dask cluster:
    (``compare_seconds``, turned into epochs from each network's measured speed so that its
    learning-rate schedule completes), all evaluated on ``eval_split``;
 7. ``FILE.json``, a markdown table ``FILE.md`` and an overlay figure ``FILE.png``
-   (:func:`tasks.report.write_quality_report`).
+   (:func:`tasks.report.figures.write_quality_report`).
 
-The pure parts (checks, the result dict, budgets) are :mod:`tasks.quality`; the CLI's parser is
+The pure parts (checks, the result dict, budgets) are :mod:`tasks.bench.quality`; the CLI's parser is
 ``flows.cli``'s. Import this module only after :func:`flows.runtime.prepare` has run.
 """
 from __future__ import annotations
@@ -41,14 +41,15 @@ from flows.naming import FlowRunName, ShardRunName
 from flows.runtime import on_cluster
 from flows.wsss import (SHARD_TASK, compute_all_features, evaluate_sources, gate_options, ingest, run_shards,
                         shards_of, train_wsss)
-from tasks import ablation, quality
+from tasks.bench import ablation
+from tasks.bench import quality
 from tasks.config import WSSSConfig
-from tasks.crf import CRF_DEFAULTS, cam_crf_shard
-from tasks.encoders import with_weight_digests
-from tasks.pipeline import box_grabcut_shard
-from tasks.report import write_quality_report
-from tasks.segmenter import final_model_config, train_segmenter
+from tasks.corpus.encoders import with_weight_digests
+from tasks.report.figures import write_quality_report
 from tasks.store import ImageRecord, Store
+from tasks.wsss.crf import CRF_DEFAULTS, cam_crf_shard
+from tasks.wsss.pipeline import box_grabcut_shard
+from tasks.wsss.segmenter import final_model_config, train_segmenter
 
 __all__ = ["bench_quality", "score_model", "seed_spread", "run_ablations", "compare_networks",
            "measure_train_speed"]
@@ -76,7 +77,7 @@ def bench_quality(data: str, run_dir: str, config: WSSSConfig, out: str, eval_sp
     with quality.timed(stages, "train_wsss"):
         summary = on_cluster(train_wsss, dask_address)(str(store.root), config, dask_address)
     rounds, key = quality.method_rounds(summary), summary["feature_key"]
-    # the final round's labels (tasks.stopping) and the final model: the last round run's, trained on them
+    # the final round's labels (tasks.wsss.stopping) and the final model: the last round run's, trained on them
     final_r, model_r = quality.final_round(summary), int(rounds[-1]["round"])
     # 2. baselines on the same images: CAM (stored by round 0), CAM + CRF and, with an implicit
     # background, GrabCut from a box inset 10% from the border
@@ -148,7 +149,7 @@ def seed_spread(store: Store, records: list[ImageRecord], eval_records: list[Ima
     """The WSSS model (final round's labels) and the supervised reference (masks) trained again
     with ``recipe`` under seeds ``recipe.seed + 1 .. + n - 1`` (the ``extra`` checkpoints
     ``seedNNN-wsss`` and ``seedNNN-supervised``), evaluated like the first pair (``first``:
-    seed 0's figures, already measured); :func:`tasks.quality.seed_summary` of all of them."""
+    seed 0's figures, already measured); :func:`tasks.bench.quality.seed_summary` of all of them."""
     rows = [first]
     for k in range(1, n):
         cfg = recipe.model_copy(update={"seed": recipe.seed + k})

@@ -1,6 +1,6 @@
 """``wsseg bench train``: the ``bench-train`` flow (training throughput of a registry network on
-real store batches; the work is :mod:`tasks.bench_train`). Prints nothing itself: the CLI prints
-:func:`tasks.bench_train.format_summary` of the returned figures, which are also written to
+real store batches; the work is :mod:`tasks.bench.train`). Prints nothing itself: the CLI prints
+:func:`tasks.bench.train.format_summary` of the returned figures, which are also written to
 ``out`` (JSON) and recorded in the run directory's MLflow.
 
 Import this module only after :func:`flows.runtime.prepare` has set the environment.
@@ -12,8 +12,8 @@ from pathlib import Path
 from prefect import flow
 
 from flows.naming import FlowRunName
-from tasks import bench_train as bt
-from tasks.tracking import Tracker
+from tasks.bench import train as bt
+from tasks.runtime.tracking import Tracker
 
 __all__ = ["bench_train"]
 
@@ -23,7 +23,7 @@ def bench_train(model: str, out: str | None = None, size: int = 256, batch: int 
                 warmup: int = 3, workers: int = 1, threads: int | None = 1, options: dict | None = None,
                 run_dir: str = "runs/bench-train", device: str = "auto", data: str = str(bt.SAMPLE),
                 seed: int = 0, lr: float = 2e-3) -> dict:
-    """Measure training throughput of registry network ``model``; see :mod:`tasks.bench_train`."""
+    """Measure training throughput of registry network ``model``; see :mod:`tasks.bench.train`."""
     r = bt.run_bench(model, out, size=size, batch=batch, steps=steps, warmup=warmup, workers=workers,
                      threads=threads, options=options, run_dir=run_dir, device=device, data=data, seed=seed, lr=lr)
     tracker = Tracker(Path(run_dir))

@@ -21,12 +21,12 @@ import sys
 from pathlib import Path
 
 
+from flows.cli_bench import (add_bench_quality_parser, add_bench_highres_parser, add_bench_train_parser,
+                             add_bench_pipeline_parser)
 from flows.cli_common import (DEFAULT_RUN_DIR, version_text, common_args, storage_args, apply_storage_args,
                               config_args, build_config, DEMO_CONFIG, register_arg)
 from flows.commands import (cmd_ingest, cmd_refresh, cmd_train, cmd_demo, cmd_evaluate, cmd_status, cmd_ui,
                             add_segment_parser)
-from flows.cli_bench import (add_bench_quality_parser, add_bench_highres_parser, add_bench_train_parser,
-                             add_bench_pipeline_parser)
 
 
 def parser() -> argparse.ArgumentParser:
@@ -266,7 +266,7 @@ def main(argv: list[str] | None = None) -> int:
                 return args.func(args)
         return args.func(args)
     except Exception as e:  # clear one-line errors for input problems, tracebacks for bugs
-        from tasks.ingest import IngestError
+        from tasks.corpus.ingest import IngestError
 
         lost = _api_connection_error(e)
         if lost is not None:

@@ -13,7 +13,7 @@ from flows.cli_common import (SAMPLE, common_args, config_args, build_config)
 # ---------------------------------------------------------------------------- bench quality (parser)
 def add_bench_quality_parser(bench) -> argparse.ArgumentParser:
     """Register ``wsseg bench quality`` (flow :func:`flows.bench_quality.bench_quality`)."""
-    from tasks.ablation import ablation_variants
+    from tasks.bench.ablation import ablation_variants
     from tasks.config import WSSSConfig
 
     p = bench.add_parser(
@@ -61,9 +61,9 @@ def add_bench_quality_parser(bench) -> argparse.ArgumentParser:
 def cmd_bench_quality(args) -> int:
     from flows.bench_quality import bench_quality
     from flows.runtime import dask_cluster, on_cluster
-    from tasks.ablation import check_overrides
-    from tasks.quality import check_inputs, parse_model_spec
-    from tasks.report import markdown_report
+    from tasks.bench.ablation import check_overrides
+    from tasks.bench.quality import check_inputs, parse_model_spec
+    from tasks.report.figures import markdown_report
     from tasks.store import Store
 
     check_overrides(args.overrides)
@@ -154,7 +154,7 @@ def add_bench_highres_parser(bench) -> argparse.ArgumentParser:
                    help="networks to train and score, same budget each, space- or comma-separated (default: "
                         "global_local patch_only downsampled). global_local: METHOD.md C with a backbone of its own "
                         "for the coarse image, the coarse head's logits added to each patch's and a loss on the "
-                        "coarse image against its class fractions. Ablations (tasks/highres.py:VARIANTS): "
+                        "coarse image against its class fractions. Ablations (tasks/highres/train.py:VARIANTS): "
                         "gl_method_c (METHOD.md C as written: one backbone, no coarse supervision), gl_f2 (its F1 "
                         "and F2 only), gl_f2_pool / gl_f2_spatial (+ pooling / spatial branch), gl_coarse2x "
                         "(coarse image of twice the patch side), gl_gate0 / gl_gate1 (F2 times a learnable scalar "
@@ -176,7 +176,7 @@ def add_bench_highres_parser(bench) -> argparse.ArgumentParser:
 def cmd_bench_train(args) -> int:
     from flows.bench_train import bench_train
     from flows.runtime import prefect_api
-    from tasks.bench_train import format_summary
+    from tasks.bench.train import format_summary
 
     try:
         options = json.loads(args.options)
@@ -243,8 +243,8 @@ def _int_list(text: str, option: str) -> list[int]:
 
 def cmd_bench_pipeline(args) -> int:
     from flows.runtime import prefect_api
-    from tasks import ingest as ing
-    from tasks.bench_pipeline import BENCH_CONFIG, format_summary
+    from tasks.bench.pipeline import BENCH_CONFIG, format_summary
+    from tasks.corpus import ingest as ing
 
     sizes, workers = _int_list(args.replicate, "--replicate"), _int_list(args.workers, "--workers")
     config = build_config(args, BENCH_CONFIG)

@@ -14,10 +14,10 @@ from flows.cli_common import (SAMPLE, storage_args, run_root, build_config, DEMO
 
 
 def cmd_ingest(args) -> int:
-    from tasks import ingest as ing
+    from tasks.corpus import ingest as ing
 
     bg = None if args.background == "none" else args.background
-    # options left unset take the defaults of tasks.ingest (the flow's keyword defaults)
+    # options left unset take the defaults of tasks.corpus.ingest (the flow's keyword defaults)
     checks = {k: v for k, v in dict(max_pixels=args.max_pixels, min_side=args.min_side,
                                      allow_external_links=args.allow_external_links or None).items() if v is not None}
     opts = checks | ({"alpha_background": args.alpha_background} if args.alpha_background is not None else {})
@@ -153,7 +153,7 @@ def cmd_evaluate(args) -> int:
 
 
 def cmd_status(args) -> int:
-    from tasks.status import format_status, run_status
+    from tasks.report.status import format_status, run_status
     from tasks.store import Store
 
     store = Store(args.run)  # a URL's scheme checked here

@@ -1,11 +1,11 @@
 """Ultra-high-resolution segmentation (METHOD.md C): the ``segment`` and ``bench-highres`` flows.
 
-* :func:`segment` labels image files with a trained model (:func:`tasks.segment.segment`) and
+* :func:`segment` labels image files with a trained model (:func:`tasks.highres.segment.segment`) and
   writes ``<out>/segment.json``; its Prefect and MLflow state live in the ``--out`` folder.
 * :func:`bench_highres` compares, on the same images and step budget, (a) global-local, (b) the
   same network on patches without the global inputs and (c) the whole image downsampled to the
-  patch size, and on request the ablations of :data:`tasks.highres.VARIANTS`
-  (:mod:`tasks.highres`); two-class corpora (HRF) are scored by vessel IoU / F1, others by
+  patch size, and on request the ablations of :data:`tasks.highres.train.VARIANTS`
+  (:mod:`tasks.highres.train`); two-class corpora (HRF) are scored by vessel IoU / F1, others by
   per-class IoU and mIoU; it measures the peak memory of ``wsseg segment`` on an evaluation
   image at its original size and at twice its side, and the CPU throughput; writes the JSON,
   an overlay PNG and the global-local checkpoint. Its Prefect and MLflow state live in the
@@ -23,11 +23,11 @@ from prefect import flow
 
 from flows.naming import FlowRunName
 from models.efficientnet_lite import weights_digest
-from tasks import highres as hr
-from tasks import segment as sg
-from tasks.memory import rss_mb
+from tasks.highres import segment as sg
+from tasks.highres import train as hr
+from tasks.runtime.memory import rss_mb
+from tasks.runtime.tracking import Tracker
 from tasks.store import files
-from tasks.tracking import Tracker
 
 __all__ = ["segment", "bench_highres"]
 
@@ -68,7 +68,7 @@ def bench_highres(data: str, split: str, out: str, train_n: int | None = 12, eva
                   variants: tuple[str, ...] = hr.DEFAULT_VARIANTS, images_per_batch: int = 2,
                   memory_probe: bool = True, backbone: str = "lite0") -> dict:
     """Global-local vs. patches without context vs. downsampled whole image (and any other of
-    ``tasks.highres.VARIANTS``); see :mod:`tasks.highres`. ``class_weights="auto"``: (1, 2) for a
+    ``tasks.highres.train.VARIANTS``); see :mod:`tasks.highres.train`. ``class_weights="auto"``: (1, 2) for a
     two-class (vessel) corpus, none otherwise. Returns the dict written to ``out`` (JSON)."""
     import torch
 

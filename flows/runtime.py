@@ -43,7 +43,7 @@ def prepare(run_dir: str | os.PathLike, *, verbose: bool = False) -> Path:
             "PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS", "180"),
     }
     os.environ.update(env)
-    # MLflow: tasks.tracking uses RUN/mlflow.db unless the user points MLFLOW_TRACKING_URI at a server
+    # MLflow: tasks.runtime.tracking uses RUN/mlflow.db unless the user points MLFLOW_TRACKING_URI at a server
     return run
 
 

@@ -20,9 +20,9 @@ from prefect import flow
 from flows.naming import FlowRunName
 from flows.runtime import dask_cluster, on_cluster
 from flows.wsss import ingest, refresh, train_wsss
-from tasks import refresh as rf
 from tasks.config import WSSSConfig
 from tasks.store import Store
+from tasks.wsss import refresh as rf
 
 MODES = ("refresh", "retrain")
 

@@ -99,7 +99,7 @@ def servers(run: Path, prefect_port: int, mlflow_port: int) -> list[Server]:
                prefect, [f"{prefect}/api/health", f"{prefect}/"], logs / "prefect.log"),
         Server("mlflow", "MLflow", [sys.executable, "-m", "mlflow", "server", "--host", HOST, "--port", str(mlflow_port),
                           "--workers", "1", "--backend-store-uri", f"sqlite:///{run / 'mlflow.db'}",
-                          # runs logged by tasks.tracking keep their artifacts under RUN/mlartifacts
+                          # runs logged by tasks.runtime.tracking keep their artifacts under RUN/mlartifacts
                           # (a local path the server reads); new ones through the server land there too
                           "--artifacts-destination", str(run / "mlartifacts")],
                mlflow, [f"{mlflow}/health", f"{mlflow}/"], logs / "mlflow.log"),

@@ -2,9 +2,9 @@
 ``refresh`` (new images labelled with the last round's models, nothing trained).
 
 Wiring only. Shard tasks (a few dozen images each) run on Dask workers and loop a per-image
-function of :mod:`tasks.pipeline` over their images; the corpus-wide trainers
-(:mod:`tasks.classifier`, :mod:`tasks.mil`, :mod:`tasks.proposal_classifier`,
-:mod:`tasks.segmenter`) run in the flow's own process with all its threads (and the GPU, when
+function of :mod:`tasks.wsss.pipeline` over their images; the corpus-wide trainers
+(:mod:`tasks.wsss.classifier`, :mod:`tasks.wsss.mil`, :mod:`tasks.wsss.proposal_classifier`,
+:mod:`tasks.wsss.segmenter`) run in the flow's own process with all its threads (and the GPU, when
 there is one). Every output goes through the store, so a stopped run resumes where it stopped:
 finished shards, rounds and epochs are not recomputed.
 
@@ -23,22 +23,25 @@ from prefect.futures import as_completed
 
 from flows.naming import FlowRunName, ShardRunName
 from flows.runtime import on_cluster
-from tasks import ingest as ing
-from tasks import mil, proposal_classifier, resume, stopping
-from tasks import pipeline as pl
-from tasks import refresh as rf
-from tasks.classifier import train_image_classifier
 from tasks.config import WSSSConfig, config_difference, shard_size_for
-from tasks.encoders import with_weight_digests
-from tasks.feature_cache import FEATURE_STAGE, feature_key
-from tasks.progress import Progress
-from tasks.report import overlay_grid, pick_overlay_records
-from tasks.foreground import contrast_warnings
-from tasks.segmenter import final_model_config, train_segmenter
+from tasks.corpus import ingest as ing
+from tasks.corpus import resume
+from tasks.corpus.encoders import with_weight_digests
+from tasks.corpus.tags import contrast_warnings
+from tasks.report.figures import overlay_grid, pick_overlay_records
+from tasks.runtime.progress import Progress
+from tasks.runtime.tracking import Tracker
 from tasks.store import ImageRecord, Store
-from tasks.summary import (coverage_of, label_shares, markdown_table, reverted_of, row, source_scores,
-                           warnings_markdown)
-from tasks.tracking import Tracker
+from tasks.wsss import mil
+from tasks.wsss import pipeline as pl
+from tasks.wsss import proposal_classifier
+from tasks.wsss import refresh as rf
+from tasks.wsss import stopping
+from tasks.wsss.classifier import train_image_classifier
+from tasks.wsss.feature_cache import FEATURE_STAGE, feature_key
+from tasks.wsss.segmenter import final_model_config, train_segmenter
+from tasks.wsss.summary import (coverage_of, label_shares, markdown_table, reverted_of, row, source_scores,
+                                warnings_markdown)
 
 # Resumability comes from the store's shard markers and content-addressed caches, which survive
 # processes and Prefect databases; Prefect's own result cache would duplicate that, so it is off.
@@ -163,7 +166,7 @@ def compute_all_features(run_dir: str, records: list[ImageRecord], config: WSSSC
 def evaluate_sources(run_dir: str, records: list[ImageRecord], sources: list[list], shard_size: int,
                      stage: str = "evaluate", **kwargs) -> dict[str, dict]:
     """mIoU, per-class IoU and pixel accuracy of each label source over ``records`` (keywords:
-    those of :func:`tasks.pipeline.evaluate_shard`)."""
+    those of :func:`tasks.wsss.pipeline.evaluate_shard`)."""
     with_masks = [r for r in records if r.has_mask]
     if not with_masks:
         return {}
@@ -249,7 +252,7 @@ def refresh_round(run_dir: str, round_index: int, config: WSSSConfig, feature_ke
                               key=feature_key, cfg=config.proposals, seed=config.seed,
                               mil_weight=config.mil.prior_weight, foreground=foreground)
         changed, ignored = label_shares(results)
-        # 9. whether the rounds stop here and which round's labels are final (tasks.stopping, no mask)
+        # 9. whether the rounds stop here and which round's labels are final (tasks.wsss.stopping, no mask)
         before = (store.read_round(r - 1) or {}).get("tag_coverage") if r > 0 else None
         decision = stopping.decide(config, r, changed, reverted_of(results), coverage_of(results), before,
                                    implicit_background=store.classes().background is not None)
@@ -331,8 +334,8 @@ def report_round(store: Store, r: int, records: list[ImageRecord], config: WSSSC
 def train_wsss(run_dir: str, config: WSSSConfig = WSSSConfig(), dask_address: str | None = None,
                final_model: bool = True, model_name: str | None = None) -> dict:
     """Refresh rounds until the pseudo-labels stop changing (share < epsilon), oscillate (see
-    :mod:`tasks.stopping`: then the round before is final) or the budget ends; the summary names
-    the final round and why, and warns when the tags carry no contrast (:mod:`tasks.foreground`).
+    :mod:`tasks.wsss.stopping`: then the round before is final) or the budget ends; the summary names
+    the final round and why, and warns when the tags carry no contrast (:mod:`tasks.wsss.foreground`).
 
     ``final_model=False``: the last round stops after its pseudo-labels (no segmentation model is
     trained on them), for label-only runs such as the bench's ablations. The final model is
@@ -369,7 +372,7 @@ def train_wsss(run_dir: str, config: WSSSConfig = WSSSConfig(), dask_address: st
                              "pseudo_label_chance_miou": s.get("cam_chance_miou"), "changed_share": None,
                              "ignore_share": 0.0, "tag_coverage": None, "wall_seconds": cls_seconds})
             rows.append(row(s) | {"mlflow_run_id": s["mlflow_run_id"]})
-            # 9. stopping (tasks.stopping): converged, oscillating, or the round budget
+            # 9. stopping (tasks.wsss.stopping): converged, oscillating, or the round budget
             decision = s if "stops_rounds" in s else stopping.decide(config, r, s["changed_share"], 0.0).record()
             if decision["stops_rounds"]:
                 converged = bool(decision["converged"])
@@ -416,7 +419,7 @@ def train_wsss(run_dir: str, config: WSSSConfig = WSSSConfig(), dask_address: st
 def refresh(run_dir: str) -> dict:
     """Label the images of the corpus that the last finished round has no pseudo-label of (new
     since it was computed, or changed or retagged: the ingest dropped theirs) with that round's
-    models, trained on nothing (see :mod:`tasks.refresh`); ``wsseg train`` retrains.
+    models, trained on nothing (see :mod:`tasks.wsss.refresh`); ``wsseg train`` retrains.
 
     Refused when the class list or the configuration changed since the round was computed. The
     labels go into the round's arrays; ``refresh.json`` records what was done, with the
@@ -458,7 +461,7 @@ def check_config(store: Store, config: WSSSConfig) -> None:
     """Record ``config`` as the run directory's configuration. A run started with another one is
     not mixed in: the terminal names the fields that differ, and every result computed with them
     is computed again (the classifier and each round record what they were computed from; see
-    :mod:`tasks.resume`). The round budget and inference settings change no round."""
+    :mod:`tasks.corpus.resume`). The round budget and inference settings change no round."""
     previous = store.read_config()
     diff = config_difference(previous, config)
     if diff:

@@ -376,7 +376,7 @@ class GlobalLocalNet(nn.Module):
         """True when the network takes the coarse whole image beside each patch (``use_global``).
 
         Trainers that cut crops out of whole images (``flows.wsss.train_round_segmenter``)
-        then pass each crop's coarse image and box (:func:`tasks.training.context_sample`)
+        then pass each crop's coarse image and box (:func:`tasks.common.training.context_sample`)
         instead of letting :meth:`forward` treat the crop as a whole image.
         """
         return self.use_global
@@ -443,7 +443,7 @@ def coarse_input(x: Tensor, size: int) -> Tensor:
 
     Bilinear with antialiasing (area-like when shrinking); the identity when the images
     already have that size.  :meth:`GlobalLocalNet.forward` and the WSSS trainer's
-    samples (:func:`tasks.training.context_sample`) both use it, so a network trained on
+    samples (:func:`tasks.common.training.context_sample`) both use it, so a network trained on
     crops sees the same global context at inference.
     """
     if tuple(x.shape[-2:]) == (size, size):
@@ -496,7 +496,7 @@ def normalize(images: np.ndarray | Tensor, mean: Sequence[float] = IMAGENET_MEAN
 
     ``mean`` and ``std`` give one value per channel.  For a 4-channel input of RGB plus a
     0/255 edge map, ``mean = IMAGENET_MEAN + (0.5,)`` and ``std = IMAGENET_STD + (1.0,)``
-    give the edge channel ``edge - 0.5``, as :func:`tasks.training.to_input` does.
+    give the edge channel ``edge - 0.5``, as :func:`tasks.common.training.to_input` does.
 
     Raises
     ------

@@ -2,7 +2,7 @@
 EfficientNet-Lite encoder (:mod:`models.efficientnet_lite`): the default since issue 31, with
 :mod:`models.small`'s networks kept as the from-scratch option (``encoder: small``).
 
-Both take the inputs every wsseg network takes (:func:`tasks.training.to_input`: RGB scaled by
+Both take the inputs every wsseg network takes (:func:`tasks.common.training.to_input`: RGB scaled by
 ImageNet's mean and std, plus the edge channel for the segmenter) and turn the RGB channels into
 the Lite weights' own scale, ``(x - 127) / 128``, inside the network (:class:`LiteInput`), so
 the data path is one for every network.
@@ -16,7 +16,7 @@ from torch import Tensor, nn
 from models.efficientnet_lite import EfficientNetLite, efficientnet_lite
 from models.small import conv_bn_relu
 
-#: ImageNet mean and std of :func:`tasks.training.to_input` (repeated here: models do not import tasks)
+#: ImageNet mean and std of :func:`tasks.common.training.to_input` (repeated here: models do not import tasks)
 _MEAN, _STD = (0.485, 0.456, 0.406), (0.229, 0.224, 0.225)
 
 #: learning-rate factor of the pretrained encoder against the new layers (its features are kept

@@ -1,6 +1,6 @@
 """The corpus classifiers' network (METHOD.md A step 3 and the superpixel MIL): standardised
-appearance features -> an MLP -> class logits. Trained by :mod:`tasks.proposal_classifier` and
-:mod:`tasks.mil`; saved and rebuilt by :mod:`tasks.store.checkpoints`."""
+appearance features -> an MLP -> class logits. Trained by :mod:`tasks.wsss.proposal_classifier` and
+:mod:`tasks.wsss.mil`; saved and rebuilt by :mod:`tasks.store.checkpoints`."""
 from __future__ import annotations
 
 import torch

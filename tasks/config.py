@@ -13,7 +13,7 @@ class FeatureConfig(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
     superpixel_method: Literal["slico", "slic", "mslic", "skimage_slic", "felzenszwalb"] = Field("slico", description=(
-        "superpixel algorithm (tasks.superpixels); slico adapts its compactness per superpixel, and the others "
+        "superpixel algorithm (tasks.wsss.superpixels); slico adapts its compactness per superpixel, and the others "
         "did no better, see docs/benchmarks.md#ablations"))
     region_size: int = Field(16, ge=4, description="superpixel side in pixels")
     ruler: float = Field(10.0, description="superpixel compactness (OpenCV ruler, scikit-image compactness); "
@@ -27,7 +27,7 @@ class FeatureConfig(BaseModel):
         "'fast' mode: more proposals per image"))
     deep_features: Literal["lite0", "lite1", "lite2", "none"] = Field("lite0", description=(
         "superpixel (and so proposal) features from an ImageNet EfficientNet-Lite's stride-8/16/32 maps, beside "
-        "the colour and texture ones; 'none' = the hand-made features alone (tasks.deep_features); pretrained "
+        "the colour and texture ones; 'none' = the hand-made features alone (tasks.wsss.deep_features); pretrained "
         "because it separates classes better, see docs/benchmarks.md#pretrained-encoders"))
 
 
@@ -199,7 +199,7 @@ class SegmentationConfig(BaseModel):
     num_workers: int = Field(1, description="data-loader worker processes of each training")
     coarse_loss: float = Field(0.0, ge=0, description=(
         "global_local built with coarse_head: weight of a loss on each crop's coarse whole image against "
-        "its pseudo-label's class fractions (tasks.training.soft_cross_entropy), beside the crop's own "
+        "its pseudo-label's class fractions (tasks.common.training.soft_cross_entropy), beside the crop's own "
         "loss; 0 = none"))
 
     @model_validator(mode="after")
@@ -226,7 +226,7 @@ class InferenceConfig(BaseModel):
 class ForegroundConfig(BaseModel):
     """Class-agnostic foreground evidence for implicit-background corpora whose tags carry no
     contrast (a class tagged on every image), where the image classifier has nothing to learn
-    (:mod:`tasks.foreground`)."""
+    (:mod:`tasks.wsss.foreground`)."""
 
     model_config = ConfigDict(extra="forbid")
 
@@ -236,7 +236,7 @@ class ForegroundConfig(BaseModel):
         "always / never; see docs/method.md#class-agnostic-foreground-path"))
     grabcut: bool = Field(True, description=(
         "on the foreground path, each pseudo-label is GrabCut of the whole image from the mean foreground "
-        "evidence (tasks.foreground.foreground_label), not fusion and seeding; on, as it beat those and box "
+        "evidence (tasks.wsss.foreground.foreground_label), not fusion and seeding; on, as it beat those and box "
         "GrabCut, see docs/benchmarks.md#foreground-path"))
     grabcut_sure: float = Field(0.85, gt=0.5, le=1, description=(
         "foreground probability above which a pixel starts as sure foreground (above 0.5: probable)"))
@@ -284,7 +284,7 @@ class WSSSConfig(BaseModel):
     device: str = Field("auto", description="where training runs: auto (CUDA when present, else CPU), cpu or cuda")
     pretrained: dict[str, str] = Field(default_factory=dict, description=(
         "sha256 of each ImageNet weight file the run's encoders start from, by encoder name; filled in when a "
-        "run starts (tasks.encoders.with_weight_digests), so a run directory started with one file is not "
+        "run starts (tasks.corpus.encoders.with_weight_digests), so a run directory started with one file is not "
         "resumed with another; not set by hand"))
 
 

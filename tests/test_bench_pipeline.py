@@ -1,4 +1,4 @@
-"""wsseg bench pipeline (flows.bench_pipeline, tasks.bench_pipeline): the replicated corpus, the
+"""wsseg bench pipeline (flows.bench_pipeline, tasks.bench.pipeline): the replicated corpus, the
 figures' bookkeeping, and the command end to end on a tiny replicate of the bundled sample (no
 timing assertions: the benchmark prints figures, it does not judge them here)."""
 import argparse
@@ -12,7 +12,7 @@ import pytest
 from PIL import Image
 
 from conftest import copy_sample
-from tasks import bench_pipeline as tb
+from tasks.bench import pipeline as tb
 
 IDS = ["1_10_s", "5_26_s", "9_17_s"]  # cow, grass / building, sky / ...: three images, several tags each
 

@@ -9,9 +9,9 @@ import pytest
 import torch
 
 from conftest import copy_sample
-from tasks.ablation import ablation_variants, apply_overrides, check_overrides
-from tasks.quality import budget_epochs, parse_model_spec
-from tasks.report import pick_overlay_records
+from tasks.bench.ablation import ablation_variants, apply_overrides, check_overrides
+from tasks.bench.quality import budget_epochs, parse_model_spec
+from tasks.report.figures import pick_overlay_records
 from tasks.store import Store, load_model, read_file
 
 torch.set_num_threads(1)
@@ -191,8 +191,8 @@ def test_unknown_set_keys_are_refused():
 
 
 def test_seed_summary_and_compared_networks():
+    from tasks.bench.quality import compared_networks, ratio, seed_summary
     from tasks.config import WSSSConfig
-    from tasks.quality import compared_networks, ratio, seed_summary
 
     s = seed_summary([{"seed": 0, "wsss": 0.4, "supervised": 0.5}, {"seed": 1, "wsss": 0.3, "supervised": 0.0}])
     assert s["seeds"][0]["ratio"] == pytest.approx(0.8) and s["seeds"][1]["ratio"] is None
@@ -206,7 +206,7 @@ def test_seed_summary_and_compared_networks():
 
 
 def test_markdown_report_shows_box_grabcut_class_accuracy_and_the_final_round():
-    from tasks.report import markdown_report
+    from tasks.report.figures import markdown_report
 
     base = {"miou": 0.5, "pixel_accuracy": 0.8, "class_accuracy": 0.6, "chance_miou": 0.3}
     res = {"dataset": "objects", "split": "train", "images": 3, "eval_split": "val", "eval_images": 1,

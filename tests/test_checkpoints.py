@@ -86,7 +86,7 @@ def test_cut_or_foreign_files_are_named(tmp_path):
 
 
 def test_corpus_classifier_round_trip(tmp_path):
-    from tasks.proposal_classifier import train_proposal_classifier
+    from tasks.wsss.proposal_classifier import train_proposal_classifier
 
     rng = np.random.default_rng(0)
     feats = [rng.normal(size=(20, 5)).astype(np.float32)]

@@ -1,15 +1,15 @@
-"""Superpixel features pooled from the ImageNet-pretrained encoder (tasks.deep_features): their
+"""Superpixel features pooled from the ImageNet-pretrained encoder (tasks.wsss.deep_features): their
 layout, the sliver rule, their place in the feature cache's key, and that on real photos they
 tell the sample's classes apart better than the hand-made colour and texture features."""
 import cv2
 import numpy as np
 from PIL import Image
 
-from tasks import superpixels as spx
 from tasks.config import FeatureConfig
-from tasks.deep_features import GRID, deep_feature_dim, deep_superpixel_features
-from tasks.feature_cache import feature_key
-from tasks.features import FEATURE_NAMES, superpixel_features
+from tasks.wsss import superpixels as spx
+from tasks.wsss.deep_features import GRID, deep_feature_dim, deep_superpixel_features
+from tasks.wsss.feature_cache import feature_key
+from tasks.wsss.features import FEATURE_NAMES, superpixel_features
 from tests.conftest import SAMPLE
 
 

@@ -1,9 +1,9 @@
-"""Tests of tasks.edges (METHOD.md B.1-B.7) on arrays with known answers."""
+"""Tests of tasks.edges.weighting (METHOD.md B.1-B.7) on arrays with known answers."""
 
 import numpy as np
 import pytest
 
-from tasks.edges import OPERATORS, cv_weights, edge_fires, edge_maps, feature_region_map
+from tasks.edges.weighting import OPERATORS, cv_weights, edge_fires, edge_maps, feature_region_map
 
 
 def _step(h=32, w=64):

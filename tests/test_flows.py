@@ -23,7 +23,7 @@ def cluster(prefect_harness, tmp_path_factory):
 def test_ingest_reports_bad_files_and_writes_nothing(tmp_path, prefect_harness, cluster):
     from flows.runtime import on_cluster
     from flows.wsss import ingest
-    from tasks.ingest import IngestError
+    from tasks.corpus.ingest import IngestError
 
     src = copy_sample(tmp_path / "src", ["12_25_s", "10_3_s"])
     (src / "images" / "10_3_s.jpg").write_bytes(b"\xff\xd8 truncated")
@@ -43,9 +43,9 @@ def test_train_wsss_end_to_end(tmp_path, prefect_harness, cluster, one_torch_thr
 
 
 def _end_to_end(tmp_path, cluster, mlflow):
-    from tasks.config import InferenceConfig, WSSSConfig
     from flows.runtime import on_cluster
     from flows.wsss import evaluate, ingest, train_wsss
+    from tasks.config import InferenceConfig, WSSSConfig
     from tasks.store import Store
 
     src = copy_sample(tmp_path / "src", E2E_IDS)
@@ -140,7 +140,7 @@ def _segment_new_images(tmp_path, run, src, n_classes):
 
     from PIL import Image
 
-    from tasks.segment import segment
+    from tasks.highres.segment import segment
 
     images = sorted((src / "images").glob("*.jpg"))[:2]
     stats, ungated = [], []

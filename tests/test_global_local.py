@@ -200,7 +200,7 @@ def _position_image(h, w):
 def test_context_sample_crop_coarse_and_box(flip):
     from models.global_local import coarse_input
     from models.roi_align import roi_align
-    from tasks.training import Augment, context_sample, to_input
+    from tasks.common.training import Augment, context_sample, to_input
 
     image = _position_image(100, 150)
     edge = (np.random.default_rng(0).random((100, 150)) < 0.2).astype(np.uint8)
@@ -229,7 +229,7 @@ def test_context_sample_crop_coarse_and_box(flip):
 
 
 def test_context_sample_pads_small_images():
-    from tasks.training import Augment, context_sample
+    from tasks.common.training import Augment, context_sample
 
     image = _position_image(20, 30)
     inputs, target = context_sample(np.random.default_rng(0), image, None, np.ones((20, 30), np.uint8),
@@ -241,7 +241,7 @@ def test_context_sample_pads_small_images():
 
 
 def test_context_dataset_trains_global_local_through_fit(tmp_path):
-    from tasks.training import Augment, ContextDataset, TrainConfig, fit, predict_probs, segmentation_loss
+    from tasks.common.training import Augment, ContextDataset, TrainConfig, fit, predict_probs, segmentation_loss
 
     rng = np.random.default_rng(0)
     samples = []
@@ -271,7 +271,7 @@ def test_context_dataset_trains_global_local_through_fit(tmp_path):
 
 
 def test_four_channel_inference_sees_the_whole_image():
-    from tasks.training import predict_probs
+    from tasks.common.training import predict_probs
 
     model = global_local(3, in_channels=4, patch_size=32, width=8, blocks=(1, 1), overlap=4).eval()
     rng = np.random.default_rng(0)
@@ -338,7 +338,7 @@ def test_coarse_size_other_than_the_patch():
 
 
 def test_coarse_head_logits_and_loss():
-    from tasks import highres as hr
+    from tasks.highres import train as hr
     model = _tiny(coarse_head=True)
     patches, coarse = torch.randn(2, 3, 32, 32), torch.randn(1, 3, 32, 32)
     boxes = torch.tensor([[0, 0, 0, 16, 16], [0, 8, 8, 24, 24.0]])
@@ -428,10 +428,10 @@ def test_coarse_backbone_gives_the_coarse_image_its_own_weights():
 
 def test_context_dataset_with_a_coarse_loss_trains_the_coarse_head():
     """``ContextDataset(coarse_classes=K)`` packs each crop's label with its whole image's label
-    fractions at the coarse size; :func:`tasks.training.coarse_context_loss` trains the crop and
+    fractions at the coarse size; :func:`tasks.common.training.coarse_context_loss` trains the crop and
     the coarse head together, so the coarse head learns the whole image's layout (here: the top
     half is class 1, the bottom half class 0)."""
-    from tasks.training import Augment, ContextDataset, TrainConfig, coarse_context_loss, fit
+    from tasks.common.training import Augment, ContextDataset, TrainConfig, coarse_context_loss, fit
 
     rng = np.random.default_rng(0)
     samples = []

@@ -1,4 +1,4 @@
-"""tasks.highres, tasks.segment, tasks.store.files and the flows of flows.highres: data helpers with known
+"""tasks.highres.train, tasks.highres.segment, tasks.store.files and the flows of flows.highres: data helpers with known
 answers, a tiny end-to-end benchmark and `segment`."""
 
 import argparse
@@ -10,8 +10,8 @@ import pytest
 import torch
 from PIL import Image
 
-from tasks import highres as hr
-from tasks import segment as sg
+from tasks.highres import segment as sg
+from tasks.highres import train as hr
 from tasks.store import files
 
 torch.set_num_threads(1)

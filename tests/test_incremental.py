@@ -116,7 +116,7 @@ def _mtimes(run: Path, ids: list[str]) -> dict[str, int]:
 
 def test_ingest_again_and_refresh_label_only_what_is_new(tmp_path, prefect_harness, one_torch_thread):
     from flows.wsss import evaluate, ingest, refresh
-    from tasks.status import run_status
+    from tasks.report.status import run_status
     from tasks.store import Store
 
     src = copy_sample(tmp_path / "src", FIRST)
@@ -180,7 +180,7 @@ def test_ingest_again_and_refresh_label_only_what_is_new(tmp_path, prefect_harne
 
 def test_refresh_refuses_another_class_list(tmp_path, prefect_harness):
     from flows.wsss import refresh
-    from tasks.resume import classes_entry, round_inputs
+    from tasks.corpus.resume import classes_entry, round_inputs
     from tasks.store import ClassSpec, ImageRecord, Store
 
     store = Store(tmp_path / "run")
@@ -200,7 +200,7 @@ def test_a_refused_ingest_again_keeps_the_stored_images(tmp_path, prefect_harnes
     re-read (other bytes) keeps its stored array, mask and manifest row; accepted, the new
     array replaces it."""
     from flows.wsss import ingest
-    from tasks.ingest import IngestError, decode_image
+    from tasks.corpus.ingest import IngestError, decode_image
     from tasks.store import Store
 
     ids = ["12_25_s", "12_27_s", "1_10_s"]

@@ -11,10 +11,10 @@ import pytest
 from PIL import Image
 
 from conftest import copy_sample
-from tasks import ingest as ing
-from tasks import pipeline as pl
-from tasks.ingest import IngestError, check_headers, check_source, decode_image, load_mask, read_source
+from tasks.corpus import ingest as ing
+from tasks.corpus.ingest import IngestError, check_headers, check_source, decode_image, load_mask, read_source
 from tasks.store import Store
+from tasks.wsss import pipeline as pl
 
 IDS = ["12_25_s", "10_3_s"]  # two sample photos, 320x213
 
@@ -211,8 +211,8 @@ def test_problem_count_excludes_the_hint():
 
 
 def test_cli_checks_before_any_cluster_and_states_defaults(tmp_path, monkeypatch, capsys):
-    import flows.runtime
     from flows import cli
+    import flows.runtime
 
     src = copy_sample(tmp_path / "d", IDS)
     (src / "labels.csv").write_text("image_id,labels\n12_25_s,grass;unicorn\n10_3_s,grass,sheep\n")
@@ -229,7 +229,7 @@ def test_cli_checks_before_any_cluster_and_states_defaults(tmp_path, monkeypatch
     assert err[0] == "wsseg: error: 2 problem(s) in the source data:"
     assert "unknown tag(s) ['unicorn']" in err[1] and "labels.csv:3: 3 fields" in err[2]
     assert "pass --skip-invalid" in err[3] and len(err) == 4
-    # the help texts state the defaults of tasks.ingest
+    # the help texts state the defaults of tasks.corpus.ingest
     import argparse
 
     sub = next(a for a in cli.parser()._actions if isinstance(a, argparse._SubParsersAction))

@@ -10,9 +10,10 @@ import pytest
 from conftest import harness_cluster
 
 from tasks.config import WSSSConfig
-from tasks.foreground import (box_grabcut, boundary_saliency, contrast_warnings, evidence_grabcut, foreground_active,
-                              foreground_label, foreground_probs, tag_statistics)
-from tasks.stopping import decide
+from tasks.corpus.tags import contrast_warnings, tag_statistics
+from tasks.wsss.foreground import (box_grabcut, boundary_saliency, evidence_grabcut, foreground_active,
+                                   foreground_label, foreground_probs)
+from tasks.wsss.stopping import decide
 
 ROOT = Path(__file__).resolve().parents[1]
 SAMPLE = ROOT / "flows" / "sample" / "msrc21"
@@ -99,7 +100,7 @@ def _iou(a, b):
 
 
 def test_box_grabcut_and_saliency_find_a_centred_object():
-    from tasks import superpixels as spx
+    from tasks.wsss import superpixels as spx
 
     img, disk = _disk_image()
     assert _iou(box_grabcut(img), disk) > 0.9
@@ -239,7 +240,7 @@ def test_one_class_corpus_warns_at_ingest_and_train_and_takes_the_foreground_pat
         assert 0.0 <= row["pseudo_label_class_accuracy"] <= 1.0 and 0.0 <= row["pseudo_label_chance_miou"] <= 1.0
     # round 0's preliminary result is the image's saliency (the one object tag takes all of the
     # foreground), not the CAM against a constant background score
-    from tasks.feature_cache import load_features
+    from tasks.wsss.feature_cache import load_features
 
     store = Store(run)
     for rec in store.manifest():
@@ -249,8 +250,8 @@ def test_one_class_corpus_warns_at_ingest_and_train_and_takes_the_foreground_pat
         assert np.abs(prelim[1] - expected).max() <= 1 / 255 + 1e-6
         assert np.abs(prelim[0] - (1 - expected)).max() <= 1 / 255 + 1e-6
     # its pseudo-labels are GrabCut of the whole image from the mean foreground evidence
-    from tasks import pipeline as pl
-    from tasks.proposal_classifier import round_mil_model
+    from tasks.wsss import pipeline as pl
+    from tasks.wsss.proposal_classifier import round_mil_model
 
     classes = store.classes()
     clf = store.read_classifier("proposal_classifier", 0)["model"]
@@ -263,7 +264,7 @@ def test_one_class_corpus_warns_at_ingest_and_train_and_takes_the_foreground_pat
         assert set(np.unique(want)) <= {0, 1}
     # the stopping rule's tag coverage, recomputed from the stored labels: the object tag and the
     # implicit background on every image
-    from tasks.metrics import tag_coverage, tag_log_shares
+    from tasks.common.metrics import tag_coverage, tag_log_shares
 
     sums, counts = np.zeros(classes.n), np.zeros(classes.n)
     for rec in store.manifest():

@@ -1,5 +1,6 @@
-"""The layout a newcomer reads: imports go one way (flows -> tasks -> models) with no circle
-between files (tools/import_graph.py, which CI runs here)."""
+"""The layout a newcomer reads: tasks/ grouped into packages by what they are for, imports going
+one way (flows -> tasks -> models) with no circle between files or between tasks/'s packages
+(tools/import_graph.py, which CI runs here)."""
 import importlib.util
 import subprocess
 import sys
@@ -30,10 +31,29 @@ def test_imports_of_counts_imports_inside_functions(tmp_path):
     assert g.imports_of("tasks.m", src, known) == {"tasks.x", "tasks.y", "tasks.z"}
 
 
+def test_the_package_graph_groups_modules_by_package_and_finds_a_circle_between_packages():
+    g = _tool()
+    graph = {"tasks.a.x": {"tasks.b.y"}, "tasks.b.y": {"tasks.c"}, "tasks.c": {"tasks.a.z"}, "tasks.a.z": set(),
+             "flows.cli": {"tasks.a.x"}}
+    packages = g.package_graph(graph)
+    assert packages == {"tasks.a": {"tasks.b"}, "tasks.b": {"tasks.c"}, "tasks.c": {"tasks.a"},
+                        "flows": {"tasks.a"}}
+    assert g.cycles(packages) == [["tasks.a", "tasks.b", "tasks.c"]]
+
+
 def test_wsseg_has_no_import_circle_and_no_import_against_the_layers():
     out = subprocess.run([sys.executable, str(ROOT / "tools" / "import_graph.py")], capture_output=True, text=True)
     assert out.returncode == 0, out.stdout + out.stderr
-    assert "0 circle(s), 0 import(s) against the layers" in out.stdout
+    assert "0 circle(s), 0 circle(s) between packages, 0 import(s) against the layers" in out.stdout
+
+
+def test_tasks_is_grouped_into_packages():
+    """Only the configuration (read by every package) stays at the top of tasks/; each package
+    says in its docstring what it is for."""
+    flat = sorted(p.name for p in (ROOT / "tasks").glob("*.py") if p.name not in ("__init__.py", "config.py"))
+    assert flat == [], f"modules outside a package: {flat}"
+    for init in sorted((ROOT / "tasks").glob("*/__init__.py")):
+        assert init.read_text().lstrip().startswith('"""'), f"{init} says nothing of its package"
 
 
 def test_the_command_line_module_stays_readable():

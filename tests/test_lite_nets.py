@@ -9,13 +9,13 @@ import torch
 from models import efficientnet_lite as el
 from models.lite_nets import FROZEN_BLOCKS, lite_classifier, lite_segnet
 from models.small import load_encoder_from
-from tasks import resume
-from tasks.classifier import classifier_builder
+from tasks.common.training import to_input
 from tasks.config import ClassifierConfig, FeatureConfig, SegmentationConfig, WSSSConfig, config_difference
-from tasks.encoders import pretrained_encoders, with_weight_digests
+from tasks.corpus import resume
+from tasks.corpus.encoders import pretrained_encoders, with_weight_digests
 from tasks.store import ClassSpec, ImageRecord
 from tasks.store.checkpoints import load_model, save_model
-from tasks.training import to_input
+from tasks.wsss.classifier import classifier_builder
 
 
 def test_input_is_the_lite_scale_of_the_shared_data_path():

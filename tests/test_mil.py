@@ -1,11 +1,11 @@
-"""tasks.mil: targets and mixtures by construction; refinement corrects a systematically wrong
+"""tasks.wsss.mil: targets and mixtures by construction; refinement corrects a systematically wrong
 preliminary result using what the other images show."""
 import numpy as np
 import pytest
 import torch
 
-from tasks.mil import claim_targets, evidence, hard_targets, refine
-from tasks.proposal_classifier import combine_evidence
+from tasks.wsss.mil import claim_targets, evidence, hard_targets, refine
+from tasks.wsss.proposal_classifier import combine_evidence
 
 
 def test_hard_targets_respect_allowed():

@@ -9,12 +9,12 @@ import yaml
 from PIL import Image
 
 from conftest import SAMPLE
-from tasks import tracking
+from tasks.runtime import tracking
 
 
 def test_logged_model_is_registered_and_labels_an_image(tmp_path):
     import models
-    from tasks.training import to_input
+    from tasks.common.training import to_input
 
     classes = (SAMPLE / "classes.txt").read_text().split()
     net = models.build_model("small", len(classes), in_channels=3, width=16)

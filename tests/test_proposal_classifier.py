@@ -1,8 +1,8 @@
-"""tasks.proposal_classifier: targets by construction, and a classifier that learns."""
+"""tasks.wsss.proposal_classifier: targets by construction, and a classifier that learns."""
 import numpy as np
 import scipy.sparse as sp
 
-from tasks.proposal_classifier import predict_proposals, proposal_targets, train_proposal_classifier
+from tasks.wsss.proposal_classifier import predict_proposals, proposal_targets, train_proposal_classifier
 
 
 def test_targets_known_answer():

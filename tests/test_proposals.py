@@ -1,4 +1,4 @@
-"""Tests of tasks.proposals: hierarchical merging on a two-colour image and a real photo."""
+"""Tests of tasks.wsss.proposals: hierarchical merging on a two-colour image and a real photo."""
 
 from pathlib import Path
 
@@ -8,8 +8,8 @@ import pytest
 import scipy.sparse as sp
 from scipy.sparse.csgraph import connected_components
 
-from tasks.proposals import hierarchical_proposals, proposal_areas
-from tasks.superpixels import adjacency, areas, superpixels
+from tasks.wsss.proposals import hierarchical_proposals, proposal_areas
+from tasks.wsss.superpixels import adjacency, areas, superpixels
 
 SAMPLE = Path(__file__).resolve().parents[1] / "flows" / "sample" / "msrc21" / "images"
 

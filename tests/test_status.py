@@ -10,7 +10,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from tasks.status import format_status, run_status
+from tasks.report.status import format_status, run_status
 from tasks.store import ClassSpec, ImageRecord, Store
 
 ROOT = Path(__file__).resolve().parents[1]

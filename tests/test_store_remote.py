@@ -134,7 +134,7 @@ def test_ingest_and_a_round_on_s3_match_a_local_run(tmp_path, s3, cluster, one_t
         assert ka == kb and np.array_equal(va.numpy(), vb.numpy()), ka
     # `wsseg evaluate` and `wsseg segment --model URL` read the run from the object store
     from flows.wsss import evaluate
-    from tasks import segment as sg
+    from tasks.highres import segment as sg
 
     ev = {w: on_cluster(evaluate, cluster)(w, 0, "train", "pseudo") for w in (str(tmp_path / "local"),
                                                                               "s3://bucket/run")}

@@ -1,4 +1,4 @@
-"""Memory of the corpus-wide trainers bounded by a cap, not by the corpus (tasks.streaming):
+"""Memory of the corpus-wide trainers bounded by a cap, not by the corpus (tasks.wsss.streaming):
 under the cap the trainers compute exactly what they compute in memory; above it they never
 hold more rows than the cap (counted by a RowBudget) and still learn the same classifier."""
 import os
@@ -7,13 +7,14 @@ import numpy as np
 import pytest
 import torch
 
-from tasks import mil, proposal_classifier as pc
-from tasks import superpixels as spx
 from tasks.config import FeatureConfig, MILConfig, ProposalConfig
-from tasks.feature_cache import compute_features, feature_key, load_features, proposal_inputs
 from tasks.store import ClassSpec, ImageRecord, Store, sha256_file
 from tasks.store.files import read_image, read_mask
-from tasks.streaming import RowBudget, RowBuffer, split_images
+from tasks.wsss import mil
+from tasks.wsss import proposal_classifier as pc
+from tasks.wsss import superpixels as spx
+from tasks.wsss.feature_cache import compute_features, feature_key, load_features, proposal_inputs
+from tasks.wsss.streaming import RowBudget, RowBuffer, split_images
 
 from conftest import SAMPLE
 

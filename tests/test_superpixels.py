@@ -1,4 +1,4 @@
-"""Tests of tasks.superpixels: bookkeeping on a hand-made map, superpixels of a real image."""
+"""Tests of tasks.wsss.superpixels: bookkeeping on a hand-made map, superpixels of a real image."""
 
 from pathlib import Path
 
@@ -7,8 +7,8 @@ import numpy as np
 import pytest
 from skimage.measure import label as cc_label
 
-from tasks.superpixels import (METHODS, adjacency, areas, counts_per_label, paint, pool,
-                               superpixels)
+from tasks.wsss.superpixels import (METHODS, adjacency, areas, counts_per_label, paint, pool,
+                                    superpixels)
 
 SAMPLE = Path(__file__).resolve().parents[1] / "flows" / "sample" / "msrc21" / "images"
 

@@ -1,4 +1,4 @@
-"""tasks.training: learning on real images, exact resume, plateau stop, augmentation alignment,
+"""tasks.common.training: learning on real images, exact resume, plateau stop, augmentation alignment,
 and the models' checkpoint round trip."""
 from pathlib import Path
 
@@ -8,8 +8,8 @@ import pytest
 import torch
 
 import models
-from tasks import training as tr
-from tasks.ingest import load_image, load_mask
+from tasks.common import training as tr
+from tasks.corpus.ingest import load_image, load_mask
 from tasks.store import StateFile, Store, load_model, save_model
 
 SAMPLE = Path(__file__).resolve().parents[1] / "flows" / "sample" / "msrc21"
@@ -283,7 +283,7 @@ def test_segmenter_encoder_starts_from_the_image_classifier():
 
 
 def test_centred_class_maps_ignore_offsets_and_untagged_classes():
-    from tasks.pipeline import cam_to_prob_centered
+    from tasks.wsss.pipeline import cam_to_prob_centered
 
     yy, xx = np.mgrid[0:10, 0:20]
     maps = np.stack([(xx < 10) * 2.0, (xx >= 10) * 2.0, np.full((10, 20), 50.0)]).astype(np.float32)
@@ -318,7 +318,7 @@ def test_balanced_class_weights_favour_small_classes_within_a_cap():
 
 
 def test_max_normalize_lets_every_tagged_class_win_where_it_peaks():
-    from tasks.pipeline import max_normalize
+    from tasks.wsss.pipeline import max_normalize
 
     prob = np.zeros((3, 1, 4), np.float32)
     prob[0] = [0.9, 0.9, 0.8, 0.7]
@@ -331,7 +331,7 @@ def test_max_normalize_lets_every_tagged_class_win_where_it_peaks():
 
 
 def test_gate_damps_the_classes_the_image_classifier_rules_out():
-    from tasks.pipeline import gate_probs
+    from tasks.wsss.pipeline import gate_probs
 
     # three pixels, background (0) and two object classes; the segmenter prefers class 1 at pixel 0
     prob = np.array([[0.2, 0.7, 0.1],

@@ -1,7 +1,7 @@
 """Time one real shard stage on a local Dask cluster with and without Dask's default
 ``MALLOC_TRIM_THRESHOLD_`` in the workers' environment (see ``flows.runtime.worker_environ``).
 
-The stage is step 1 of a refresh round after round 0 (``tasks.pipeline.preliminary_shard``:
+The stage is step 1 of a refresh round after round 0 (``tasks.wsss.pipeline.preliminary_shard``:
 the round's model on every image, restricted to the tags), run on a finished ``wsseg train``
 run directory (``make demo`` leaves one in runs/default) into a scratch round that is deleted
 afterwards. The two settings alternate, ``--repeats`` times each, each on a fresh cluster;
@@ -28,8 +28,8 @@ def time_stage(run: Path, scratch: int, shards: list[list[str]], key: str, cfg, 
     import dask
     from distributed import Client, LocalCluster
 
-    from tasks import pipeline as pl
     from tasks.store import Store
+    from tasks.wsss import pipeline as pl
 
     def sys_seconds() -> float:
         import resource
@@ -67,7 +67,7 @@ def main(argv: list[str] | None = None) -> int:
     from tasks.store import Store
 
     from tasks.config import WSSSConfig
-    from tasks.feature_cache import feature_key
+    from tasks.wsss.feature_cache import feature_key
 
     run = Path(args.run_dir).resolve()
     store = Store(run)

@@ -1,10 +1,12 @@
 """The import graph of wsseg's own modules (flows, tasks, models), every import counted: those at
 the top of a file and those inside functions. Prints each circle (a strongly connected set of
-files that import one another) and each import against the layers (flows -> tasks -> models:
-models import neither tasks nor flows, tasks do not import flows), and exits 1 when there is
-one; `--tree` also prints each file with its line count.
+files that import one another), each circle between the packages of tasks/ (tasks.wsss,
+tasks.corpus, ...: a package's files may import another package only if that one never imports
+it back, directly or not) and each import against the layers (flows -> tasks -> models: models
+import neither tasks nor flows, tasks do not import flows), and exits 1 when there is one;
+`--tree` also prints each file with its line count, `--packages` what each package imports.
 
-    python tools/import_graph.py [--tree]
+    python tools/import_graph.py [--tree] [--packages]
 """
 from __future__ import annotations
 
@@ -50,6 +52,27 @@ def imports_of(name: str, path: Path, known: set[str]) -> set[str]:
             if t and t != name:
                 found.add(t)
     return found
+
+
+def package_of(module: str) -> str:
+    """The unit of the package graph: ``tasks.<package>`` for a module of a package of tasks/,
+    the module itself for tasks/'s top-level modules (``tasks.config``), else the top package."""
+    parts = module.split(".")
+    if parts[0] == "tasks":
+        return ".".join(parts[:2])
+    return parts[0]
+
+
+def package_graph(graph: dict[str, set[str]]) -> dict[str, set[str]]:
+    out: dict[str, set[str]] = {}
+    for a, targets in graph.items():
+        pa = package_of(a)
+        out.setdefault(pa, set())
+        for b in targets:
+            if package_of(b) != pa:
+                out[pa].add(package_of(b))
+                out.setdefault(package_of(b), set())
+    return out
 
 
 def cycles(graph: dict[str, set[str]]) -> list[list[str]]:
@@ -98,13 +121,26 @@ def main(argv: list[str]) -> int:
     for comp in found:
         edges = [f"{a} -> {b}" for a in comp for b in sorted(graph[a]) if b in comp]
         print(f"circle of {len(comp)} modules: " + "; ".join(edges))
+    packages = package_graph(graph)
+    if "--packages" in argv:
+        for pkg in sorted(packages):
+            print(f"{pkg} -> {', '.join(sorted(packages[pkg])) or '-'}")
+    package_circles = cycles(packages)
+    for comp in package_circles:
+        edges = []
+        for a in comp:
+            for b in sorted(packages[a]):
+                if b in comp:
+                    by = sorted(m for m in graph if package_of(m) == a and any(package_of(t) == b for t in graph[m]))
+                    edges.append(f"{a} -> {b} ({', '.join(by)})")
+        print(f"circle of {len(comp)} packages: " + "; ".join(edges))
     upward = [f"{a} -> {b}" for a in sorted(graph) for b in sorted(graph[a])
               if b.split(".")[0] != a.split(".")[0] and b.split(".")[0] not in LAYERS[a.split(".")[0]]]
     for edge in upward:
         print(f"against the layers: {edge}")
     print(f"{len(mods)} modules, {sum(map(len, graph.values()))} imports between them, {len(found)} circle(s), "
-          f"{len(upward)} import(s) against the layers")
-    return 1 if found or upward else 0
+          f"{len(package_circles)} circle(s) between packages, {len(upward)} import(s) against the layers")
+    return 1 if found or package_circles or upward else 0
 
 
 if __name__ == "__main__":

@@ -127,7 +127,7 @@ def load_model(path: str | os.PathLike, device: str | torch.device = "cpu") -> t
 
 # ---------------------------------------------------------------------------- corpus classifiers
 def save_classifier(path: str | os.PathLike, model: nn.Module | None, **extra: Any) -> Path:
-    """A :class:`~tasks.proposal_classifier.ProposalMLP` (or None: no model) and plain data."""
+    """A :class:`~tasks.wsss.proposal_classifier.ProposalMLP` (or None: no model) and plain data."""
     spec = None
     if model is not None:
         spec = {"in_features": int(model.mean.numel()), "num_classes": int(model.num_classes),
@@ -155,7 +155,7 @@ def load_classifier(path: str | os.PathLike) -> dict:
 
 # ---------------------------------------------------------------------------- training state
 class StateFile:
-    """Where an unfinished training keeps its state between epochs (see :func:`tasks.training.fit`).
+    """Where an unfinished training keeps its state between epochs (see :func:`tasks.common.training.fit`).
 
     ``load()`` returns the saved dict or None (no file, or a damaged one: training then starts
     over, and says so through ``on_damaged``); ``save(state)`` replaces it atomically."""

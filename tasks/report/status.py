@@ -1,0 +1,133 @@
+"""Where a run directory stands, read from the store alone (``wsseg status``): nothing is started."""
+from __future__ import annotations
+
+from tasks.config import WSSSConfig, shard_size_for
+from tasks.store import Store
+
+
+def _live_writer(store: Store) -> dict | None:
+    """The lock holder's record while its process lives (a stale record names no writer)."""
+    import os
+    import socket
+
+    w = store.lock("wsseg status").holder()
+    if not w.get("pid"):
+        return None
+    if w.get("host") == socket.gethostname():
+        try:
+            os.kill(int(w["pid"]), 0)
+        except (ProcessLookupError, ValueError):
+            return None
+        except PermissionError:
+            pass
+    return w
+
+
+def _refresh_state(store: Store, config: dict, finished: list[int]) -> dict:
+    """``refresh``: the last `wsseg refresh`'s record; ``stale``: what changed since the last
+    finished round was computed (class list, corpus, configuration: `wsseg train` recomputes);
+    ``refresh_pending``: images of its split without its pseudo-label (`wsseg refresh` labels
+    them), looked up only when the corpus changed since the round."""
+    from tasks.config import WSSSConfig
+    from tasks.corpus.resume import round_inputs, what_changed
+
+    out: dict = {"refresh": store.read_json("refresh"), "stale": [], "refresh_pending": None}
+    if not finished:
+        return out
+    r = finished[-1]
+    try:
+        cfg = WSSSConfig.model_validate(config)
+    except ValueError:
+        return out
+    records = store.manifest(cfg.split)
+    recorded = store.round_inputs(r)
+    out["stale"] = what_changed(recorded, round_inputs(store.classes(), records, cfg))
+    if out["stale"]:
+        pending = sum(not store.has_pseudo(r, rec.image_id) for rec in records)
+        out["refresh_pending"] = {"round": r, "images": pending} if pending else None
+    return out
+
+
+def run_status(store: Store) -> dict:
+    """The corpus (images, classes, splits), the finished rounds with their metrics, the shards done
+    and pending of a round in progress, the store's size, the holder of its lock and the last error."""
+    out: dict = {"run_dir": str(store.root), "corpus": None, "rounds": [], "in_progress": None,
+                 "size_mb": round(store.size_bytes() / 2 ** 20, 1), "last_error": store.last_error(),
+                 "writer": _live_writer(store)}
+    if store.remote:  # what cannot live on object storage (MLflow, Prefect, the lock's flock) lies here
+        out["state_dir"] = str(store.state_dir)
+    if not store.has_corpus():
+        return out
+    records = store.manifest()
+    splits: dict[str, int] = {}
+    for r in records:
+        splits[r.split] = splits.get(r.split, 0) + 1
+    classes = store.classes()
+    out["corpus"] = {"images": len(records), "classes": len(classes.names), "splits": splits,
+                     "implicit_background": classes.names[classes.background] if classes.background is not None
+                     else None}
+    config = store.read_config() or {}
+    finished = store.finished_rounds()
+    for r in finished:
+        s = store.read_round(r) or {}
+        out["rounds"].append({k: s.get(k) for k in ("round", "pseudo_label_miou", "changed_share", "ignore_share",
+                                                    "tag_coverage", "wall_seconds", "train_epochs")})
+    unfinished = [r for r in store.rounds() if r not in finished]
+    if unfinished:
+        r = unfinished[-1]
+        n = len(store.manifest(config.get("split", "train")))
+        defaults = WSSSConfig.model_fields
+        size = shard_size_for(n, int(config.get("shard_size", defaults["shard_size"].default)),
+                              int(config.get("max_shards", defaults["max_shards"].default)))
+        shards = -(-n // size)
+        done = {stage: len(store.shard_markers(r, stage)) for stage in ("prelim", "pseudo")}
+        out["in_progress"] = {"round": r, "shards": shards,
+                              "done": done, "pending": {k: shards - v for k, v in done.items()},
+                              "model_trained": store.has_checkpoint("segmenter", r)}
+    out.update(_refresh_state(store, config, finished))
+    summary = store.read_summary()
+    if summary:
+        out["final_model"] = summary.get("final_model")
+        out["converged"] = summary.get("converged")
+        out["final_round"] = summary.get("final_round")
+        out["stop_reason"] = summary.get("stop_reason")
+    return out
+
+
+def format_status(st: dict) -> str:
+    """The status as lines for the terminal."""
+    lines = [f"run directory {st['run_dir']} ({st['size_mb']} MB)"]
+    if st.get("state_dir"):
+        lines.append(f"local state (Prefect, MLflow, lock): {st['state_dir']}")
+    c = st["corpus"]
+    lines.append("corpus: none (run `wsseg ingest`)" if c is None else
+                 f"corpus: {c['images']} images, {c['classes']} classes, splits {c['splits']}, implicit background "
+                 f"{c['implicit_background']}")
+    for r in st["rounds"]:
+        f = lambda v: "-" if v is None else f"{v:.3f}"  # noqa: E731
+        lines.append(f"round {r['round']}: pseudo-label mIoU {f(r['pseudo_label_miou'])}, changed "
+                     f"{f(r['changed_share'])}, ignore {f(r['ignore_share'])}, tag coverage {f(r.get('tag_coverage'))}")
+    p = st["in_progress"]
+    if p:
+        lines.append(f"round {p['round']} in progress: preliminary {p['done']['prelim']}/{p['shards']} shards, "
+                     f"pseudo-labels {p['done']['pseudo']}/{p['shards']}, model {'trained' if p['model_trained'] else 'not yet'}")
+    if st.get("stale"):
+        lines.append(f"changed since the last round: {'; '.join(st['stale'])} (`wsseg train` recomputes)")
+    if st.get("refresh_pending"):
+        p = st["refresh_pending"]
+        lines.append(f"{p['images']} image(s) without a round-{p['round']} pseudo-label: `wsseg refresh` labels them")
+    if st.get("refresh"):
+        f = st["refresh"]
+        lines.append(f"last refresh ({f.get('at')}): {f.get('labelled')} image(s) labelled with round {f.get('round')}'s "
+                     f"models, {f.get('core_ms_per_image', 0):.0f} core-ms per image")
+    if st.get("final_round") is not None:
+        lines.append(f"final labels: round {st['final_round']} ({st.get('stop_reason')})")
+    if st.get("final_model"):
+        lines.append(f"final model: {st['final_model']} (converged: {st.get('converged')})")
+    if st["writer"]:
+        w = st["writer"]
+        lines.append(f"written now by pid {w.get('pid')} on {w.get('host')} since {w.get('started')} ({w.get('command')})")
+    if st["last_error"]:
+        e = st["last_error"]
+        lines.append(f"last error ({e['command']}, {e['at']}): {e['error']}")
+    return "\n".join(lines)

@@ -1,0 +1,226 @@
+"""The class-agnostic foreground evidence that serves corpora whose tags carry no contrast
+(:mod:`tasks.corpus.tags` finds them: a class tagged on every image, or one tag set for all).
+"""
+from __future__ import annotations
+
+from typing import Sequence
+
+import cv2
+import numpy as np
+import scipy.sparse as sp
+from scipy.sparse.linalg import spsolve
+
+__all__ = ["box_grabcut", "evidence_grabcut", "boundary_saliency",
+           "foreground_active", "foreground_probs", "foreground_label"]
+
+
+# ---------------------------------------------------------------------------- foreground evidence
+def box_grabcut(image: np.ndarray, inset: float = 0.1, iterations: int = 3, seed: int = 0) -> np.ndarray:
+    """The per-image baseline of an implicit-background corpus: GrabCut initialised with a box
+    inset ``inset`` of each side from the image border, nothing learnt.
+
+    Parameters
+    ----------
+    image : (H, W, 3) uint8 RGB
+
+    Returns
+    -------
+    (H, W) bool, True = foreground (GrabCut's sure or probable foreground).
+    """
+    h, w = image.shape[:2]
+    x0, y0 = int(round(inset * w)), int(round(inset * h))
+    rect = (x0, y0, max(1, w - 2 * x0), max(1, h - 2 * y0))
+    return _grabcut(image, np.zeros((h, w), np.uint8), rect, iterations, seed)
+
+
+def _grabcut(image: np.ndarray, mask: np.ndarray, rect, iterations: int, seed: int) -> np.ndarray:
+    """OpenCV's GrabCut of an RGB image from a box (``rect``) or, with ``rect=None``, from ``mask``'s
+    GC_* start (changed in place); returns its sure or probable foreground."""
+    bgd, fgd = np.zeros((1, 65), np.float64), np.zeros((1, 65), np.float64)
+    cv2.setRNGSeed(seed)
+    cv2.grabCut(np.ascontiguousarray(image[..., ::-1]), mask, rect, bgd, fgd, iterations,
+                cv2.GC_INIT_WITH_RECT if rect is not None else cv2.GC_INIT_WITH_MASK)
+    return np.isin(mask, (cv2.GC_FGD, cv2.GC_PR_FGD))
+
+
+def evidence_grabcut(image: np.ndarray, fg_prob: np.ndarray, *, iterations: int = 3, sure: float = 0.85,
+                     border: float = 0.02, seed: int = 0) -> np.ndarray:
+    """GrabCut of the whole image initialised from a foreground probability instead of a box.
+
+    Pixels above 0.5 start as probable foreground, above ``sure`` as sure foreground, the rest
+    as probable background; a strip of ``border`` of the shorter side along the image border is
+    sure background (the border is mostly background). GrabCut then fits the image's own colour
+    models to that start and cuts along its edges, so the evidence's superpixel blocks become
+    the object's outline.
+
+    Parameters
+    ----------
+    image : (H, W, 3) uint8 RGB
+    fg_prob : (H, W) float in [0, 1]
+
+    Returns
+    -------
+    (H, W) bool, True = foreground; ``fg_prob > 0.5`` where GrabCut has nothing to fit (no
+    pixel of one side).
+    """
+    h, w = fg_prob.shape
+    if image.shape[:2] != (h, w):
+        raise ValueError(f"fg_prob is {fg_prob.shape}, the image {image.shape[:2]}: they must agree")
+    mask = np.where(fg_prob > 0.5, cv2.GC_PR_FGD, cv2.GC_PR_BGD).astype(np.uint8)
+    mask[fg_prob > sure] = cv2.GC_FGD
+    b = int(border * min(h, w))
+    if b > 0:
+        mask[:b], mask[-b:], mask[:, :b], mask[:, -b:] = cv2.GC_BGD, cv2.GC_BGD, cv2.GC_BGD, cv2.GC_BGD
+    fg = np.isin(mask, (cv2.GC_FGD, cv2.GC_PR_FGD))
+    if fg.all() or not fg.any():
+        return fg_prob > 0.5
+    return _grabcut(image, mask, None, iterations, seed)
+
+
+def _sp_means(values: np.ndarray, labels: np.ndarray, n: int) -> np.ndarray:
+    flat = labels.ravel()
+    area = np.maximum(np.bincount(flat, minlength=n), 1)
+    return np.stack([np.bincount(flat, weights=values[..., k].ravel(), minlength=n) / area
+                     for k in range(values.shape[-1])], 1)
+
+
+def boundary_saliency(image: np.ndarray, sp_labels: np.ndarray, *, sigma_colour: float = 10.0,
+                      sigma_boundary: float = 1.0, sigma_space: float = 0.25, smooth: float = 0.1) -> np.ndarray:
+    """Class-agnostic foreground probability of each superpixel from the image alone: the
+    boundary-connectivity saliency of Zhu et al. (CVPR 2014, "Saliency optimization from robust
+    background detection").
+
+    A region is background when it is well connected to the image border: its boundary
+    connectivity is the length of border it reaches through similar colours, over the square
+    root of the area it reaches. Colour contrast weighted by the background probability of what
+    it contrasts with gives foreground evidence; a least-squares smoothing over neighbouring
+    superpixels (weighted by colour similarity) combines both.
+
+    Parameters
+    ----------
+    image : (H, W, 3) uint8 RGB
+    sp_labels : (H, W) int superpixel ids 0..S-1
+    sigma_colour : CIELAB distance scale of similar colours
+    sigma_boundary : boundary connectivity at which a region is background with weight 0.39
+    sigma_space : spatial scale of the contrast, as a share of the image diagonal
+    smooth : the constant part of the neighbours' smoothing weight
+
+    Returns
+    -------
+    (S,) float32 in [0, 1], 1 = foreground.
+    """
+    from scipy.sparse.csgraph import dijkstra
+
+    from tasks.wsss import superpixels as spx
+
+    h, w = sp_labels.shape
+    n = int(sp_labels.max()) + 1
+    lab = cv2.cvtColor(image, cv2.COLOR_RGB2LAB).astype(np.float64)
+    lab[..., 0] *= 100.0 / 255.0
+    lab[..., 1:] -= 128.0
+    colour = _sp_means(lab, sp_labels, n)
+    yy, xx = np.mgrid[0:h, 0:w]
+    diag = float(np.hypot(h, w))
+    pos = _sp_means(np.stack([yy, xx], -1).astype(np.float64), sp_labels, n) / diag
+    pairs, _ = spx.adjacency(sp_labels, return_lengths=True)
+    d_edge = np.linalg.norm(colour[pairs[:, 0]] - colour[pairs[:, 1]], axis=1)
+    graph = sp.coo_matrix((d_edge + 1e-6, (pairs[:, 0], pairs[:, 1])), shape=(n, n)).tocsr()
+    geo = dijkstra(graph, directed=False)
+    geo[~np.isfinite(geo)] = geo[np.isfinite(geo)].max() if np.isfinite(geo).any() else 0.0
+    similar = np.exp(-geo ** 2 / (2 * sigma_colour ** 2))
+    border = np.zeros(n, bool)
+    border[np.unique(np.concatenate([sp_labels[0], sp_labels[-1], sp_labels[:, 0], sp_labels[:, -1]]))] = True
+    area = similar.sum(1)
+    length = similar[:, border].sum(1)
+    connectivity = length / np.sqrt(np.maximum(area, 1e-9))
+    w_bg = 1.0 - np.exp(-connectivity ** 2 / (2 * sigma_boundary ** 2))
+    d_app = np.linalg.norm(colour[:, None] - colour[None], axis=2)
+    d_spa = np.linalg.norm(pos[:, None] - pos[None], axis=2)
+    w_spa = np.exp(-d_spa ** 2 / (2 * sigma_space ** 2))
+    w_fg = (d_app * w_spa * w_bg[None]).sum(1)
+    w_fg = w_fg / max(float(w_fg.max()), 1e-9)
+    # argmin_s sum w_bg s^2 + sum w_fg (1 - s)^2 + sum_(i,j) w_ij (s_i - s_j)^2
+    w_ij = np.exp(-d_edge ** 2 / (2 * sigma_colour ** 2)) + smooth
+    lap = sp.coo_matrix((np.concatenate([-w_ij, -w_ij]), (np.concatenate([pairs[:, 0], pairs[:, 1]]),
+                                                         np.concatenate([pairs[:, 1], pairs[:, 0]]))), shape=(n, n))
+    lap = lap.tocsr()
+    lap = lap - sp.diags(np.asarray(lap.sum(1)).ravel())
+    a = sp.diags(w_bg + w_fg) + lap
+    s = spsolve(a.tocsc(), w_fg)
+    return np.clip(s, 0.0, 1.0).astype(np.float32)
+
+
+# ---------------------------------------------------------------------------- the switch and the evidence
+def foreground_active(stats: dict, mode: str) -> bool:
+    """Whether the class-agnostic foreground path is on: ``mode`` ``on`` / ``off``, or ``auto``:
+    on when the corpus has an implicit background and some object class is tagged on every image
+    (:func:`tasks.corpus.tags.tag_statistics`). Never without an implicit background: the evidence separates
+    objects from background, and such a corpus has none."""
+    if stats["implicit_background"] is None or mode == "off":
+        return False
+    return mode == "on" or bool(stats["on_every_image"])
+
+
+def foreground_probs(saliency: np.ndarray, cam_prob: np.ndarray, allowed: np.ndarray, background: int) -> np.ndarray:
+    """Round 0's preliminary result of an image on the foreground path.
+
+    Parameters
+    ----------
+    saliency : (H, W) float in [0, 1], the image's foreground probability (:func:`boundary_saliency`)
+    cam_prob : (K, H, W) the CAM probabilities over the allowed classes
+        (:func:`tasks.wsss.pipeline.cam_probs`); they only share the foreground among the object tags
+    allowed : (K,) bool, the image's tags and the background
+    background : index of the implicit background class
+
+    Returns
+    -------
+    (K, H, W) float32: background ``1 - saliency``, each allowed object class ``saliency`` times
+    its share of the CAM probabilities of the object classes; zero for the other classes.
+    """
+    obj = allowed.copy()
+    obj[background] = False
+    prob = np.zeros(cam_prob.shape, np.float32)
+    s = np.clip(saliency, 0.0, 1.0).astype(np.float32)
+    prob[background] = 1.0 - s
+    if obj.any():
+        q = np.maximum(cam_prob[obj], 0.0) + 1e-6
+        prob[obj] = s[None] * q / q.sum(0, keepdims=True)
+    else:
+        prob[background] = 1.0
+    return prob
+
+
+def foreground_label(image: np.ndarray, evidence: Sequence[np.ndarray], allowed: np.ndarray, background: int, *,
+                     iterations: int = 3, sure: float = 0.85, border: float = 0.02, seed: int = 0) -> np.ndarray:
+    """The pseudo-label of an image on the foreground path: :func:`evidence_grabcut` from the mean
+    foreground probability of several evidence maps, its foreground shared among the image's
+    object tags by their summed evidence.
+
+    Parameters
+    ----------
+    image : (H, W, 3) uint8 RGB
+    evidence : (K, H, W) probability maps over the classes (each normalised here over ``allowed``):
+        e.g. the preliminary result, the MIL evidence and the proposal scores. An image's
+        foreground probability is the mean over the maps of one minus the background's share.
+    allowed : (K,) bool, the image's tags and the background
+    background : index of the implicit background class
+
+    Returns
+    -------
+    (H, W) uint8 class per pixel (no ignore label: GrabCut decides every pixel).
+    """
+    if not len(evidence):
+        raise ValueError("foreground_label needs at least one evidence map")
+    maps = []
+    for e in evidence:
+        q = np.where(allowed[:, None, None], np.maximum(e, 0.0), 0.0).astype(np.float32)
+        maps.append(q / np.maximum(q.sum(0, keepdims=True), 1e-9))
+    fg_prob = np.mean([1.0 - q[background] for q in maps], axis=0)
+    objects = allowed.copy()
+    objects[background] = False
+    if not objects.any():
+        return np.full(fg_prob.shape, background, np.uint8)
+    mask = evidence_grabcut(image, fg_prob, iterations=iterations, sure=sure, border=border, seed=seed)
+    ids = np.flatnonzero(objects)
+    which = ids[np.sum(maps, axis=0)[ids].argmax(0)]
+    return np.where(mask, which, background).astype(np.uint8)

@@ -1,0 +1,144 @@
+"""METHOD.md A, step 8 (correction): the segmentation model trained on a round's pseudo-labels
+(or on the ground-truth masks: the supervised reference of ``bench quality``), and the rules of
+when the rounds stop and how the final model is trained."""
+from __future__ import annotations
+
+from typing import Callable
+
+import numpy as np
+
+import models
+from models.small import load_encoder_from
+from tasks.common import training as tr
+from tasks.config import WSSSConfig
+from tasks.corpus.resume import corpus_hash
+from tasks.runtime.progress import Progress
+from tasks.store import ClassSpec, ImageRecord, Store
+from tasks.wsss.feature_cache import load_edges
+
+
+class LabelLoader:
+    """(image, edge map, label map) with labels from a round's pseudo-labels (``round_index``) or
+    the masks (``round_index=None``); picklable for DataLoader workers."""
+
+    def __init__(self, store: Store | str, records: list[ImageRecord], feature_key: str, round_index: int | None):
+        self.root = str(store.root if isinstance(store, Store) else store)
+        self.records, self.key, self.round = records, feature_key, round_index
+
+    def label(self, i: int, store: Store | None = None) -> np.ndarray:
+        store = store or Store(self.root)
+        rec = self.records[i]
+        return store.mask(rec.image_id) if self.round is None else store.pseudo(self.round, rec.image_id)
+
+    def class_counts(self, n_classes: int) -> np.ndarray:
+        """(n_classes,) labelled pixels of each class over all records (ignore excluded)."""
+        store = Store(self.root)
+        counts = np.zeros(n_classes)
+        for i in range(len(self.records)):
+            lab = self.label(i, store)
+            counts += np.bincount(lab[lab != tr.IGNORE].ravel(), minlength=n_classes)[:n_classes]
+        return counts
+
+    def __call__(self, i: int):
+        store = Store(self.root)
+        rec = self.records[i]
+        return store.image(rec.image_id), load_edges(store, rec, self.key), self.label(i, store)
+
+
+def trained_classes(records: list[ImageRecord], classes: ClassSpec) -> list[int]:
+    """Indices of the classes that ``records`` are tagged with, and the implicit background: the
+    classes a segmenter trained on them may answer (:func:`tasks.wsss.pipeline.trained_classes_only`)."""
+    tagged = {classes.index(t) for r in records for t in r.tags}
+    return sorted(tagged | ({classes.background} if classes.background is not None else set()))
+
+
+def converged_at(config: WSSSConfig, r: int, changed_share: float) -> bool:
+    """Whether the rounds stop after round ``r``: its labels changed less than ``epsilon``
+    against the round before (round 0 has none to compare with)."""
+    return r > 0 and changed_share < config.epsilon
+
+
+def final_model_config(config: WSSSConfig, rounds: int) -> WSSSConfig:
+    """``config`` for a segmenter trained from the start (``segmentation.encoder_init``) on one
+    set of labels with the whole budget of ``rounds`` rounds: ``epochs`` (and ``max_seconds``)
+    times ``rounds`` when the rounds fine-tune one another, as they are. The last round's model
+    and the supervised reference of ``bench quality`` are trained with it, so they differ only
+    in their labels."""
+    seg = config.segmentation
+    factor = rounds if seg.finetune else 1
+    return config.model_copy(update={"segmentation": seg.model_copy(update={
+        "epochs": seg.epochs * factor,
+        "max_seconds": None if seg.max_seconds is None else seg.max_seconds * factor})})
+
+
+def train_segmenter(store: Store, records: list[ImageRecord], feature_key: str, config: WSSSConfig, *, r: int,
+                    label_round: int | None, kind: str = "segmenter", name: str | None = None,
+                    init_round: int | None = None,
+                    log: Callable[[dict, int], None] | None = None) -> tr.TrainResult | None:
+    """Train the segmentation network of ``config.segmentation`` on round ``label_round``'s
+    pseudo-labels (None: the masks) and save it as checkpoint ``kind`` (``segmenter`` of round
+    ``r``, ``supervised``, or ``extra`` with ``name``). It starts from round ``init_round``'s
+    model when given (fine-tuning), else from the image classifier's encoder
+    (``segmentation.encoder_init``), else from random weights; seeded by ``config.seed + r``.
+    Returns None when the checkpoint exists already."""
+    where = dict(r=r if kind == "segmenter" else None, name=name)
+    if store.usable_checkpoint(kind, **where):
+        return None
+    classes = store.classes()
+    s = config.segmentation
+    in_ch = 4 if s.use_edges else 3
+    build_options = dict(s.options)
+    if s.backbone_weights:
+        build_options["pretrained"] = dict(s.backbone_weights)
+    tr.seed_everything(config.seed + r)  # initial weights reproducible, as fit's own seeding is
+    model = models.build_model(s.model, classes.n, in_channels=in_ch, **build_options)
+    start = "random weights"
+    if init_round is not None and s.finetune and store.has_checkpoint("segmenter", init_round):
+        prev, _ = store.read_model("segmenter", init_round)
+        model.load_state_dict(prev.state_dict())
+        init = store.checkpoint_path("segmenter", init_round)
+        start = f"fine-tuning {init.parent.name}/{init.name}"
+    elif s.encoder_init == "classifier" and store.has_checkpoint("classifier"):
+        clf, _ = store.read_model("classifier")
+        if load_encoder_from(model, clf):
+            start = "the image classifier's encoder"
+    labels = LabelLoader(store, records, feature_key, label_round)
+    if getattr(model, "needs_global_context", False):
+        # global-local: crops of the network's patch size, each with its whole image's coarse view and box
+        ds = tr.ContextDataset(len(records), labels, tr.Augment(crop=model.patch_size), seed=config.seed + r,
+                               with_edge=s.use_edges, coarse_classes=classes.n if s.coarse_loss else None)
+    else:
+        ds = tr.StoreDataset(len(records), labels, tr.Augment(crop=s.crop), seed=config.seed + r,
+                             with_edge=s.use_edges)
+    epochs = max(s.epochs, -(-s.min_steps // max(1, len(records) // s.batch_size)))
+    tcfg = tr.TrainConfig(epochs=epochs, batch_size=s.batch_size, lr=s.lr, crop=s.crop, seed=config.seed + r,
+                          device=config.device, max_seconds=s.max_seconds, patience=s.patience,
+                          num_workers=s.num_workers)
+    prog = Progress(f"segmenter r{r}" if label_round is not None else "supervised", epochs, "epochs")
+    weights = tr.balanced_class_weights(labels.class_counts(classes.n), s.class_balance) if s.class_balance else None
+    # a stopped training resumes only on the same labels, corpus, classes and settings
+    resume_key = {"corpus": corpus_hash(records), "classes": list(classes.names), "label_round": label_round,
+                  "feature_key": feature_key, "init_round": init_round, "start": start,
+                  "segmentation": s.model_dump(mode="json"), "seed": config.seed}
+    loss_fn, forward = tr.segmentation_loss(weights), None
+    if s.coarse_loss:
+        if not (getattr(model, "needs_global_context", False) and hasattr(model, "coarse_classifier")):
+            raise ValueError("segmentation.coarse_loss needs a global_local model built with coarse_head "
+                             "(segmentation.options.coarse_head=true)")
+        loss_fn, forward = tr.coarse_context_loss(weights, s.coarse_loss)
+    result = tr.fit(model, ds, loss_fn, tcfg, checkpoint=store.train_state(kind, **where), forward=forward,
+                    resume_key=resume_key,
+                    log=(lambda m, step: log({f"seg_{k}": v for k, v in m.items()}, step)) if log else None,
+                    progress=lambda msg: prog.advance(1, msg.split(" ", 2)[-1]))
+    store.write_model(kind, model, **where, builder=s.model, num_classes=classes.n, in_channels=in_ch,
+                      # the weights are in the checkpoint: rebuilt without loading ImageNet's or torchvision's
+                      options={**s.options, **({"pretrained": False} if s.model == "lite" else {})},
+                      meta={"classes": list(classes.names), "trained_classes": trained_classes(records, classes),
+                            "round": r, "epochs_run": result.epochs_run,
+                            "stopped": result.stopped, "feature_key": feature_key, "start": start,
+                            # a checkpoint copied away from its run still knows its edge channel
+                            **({"edges": {"sigma": config.features.edge_sigma, "tau": config.features.edge_tau}}
+                               if in_ch == 4 else {})})
+    prog.message(f"start: {start}; stopped after {result.epochs_run} epochs ({result.stopped}), "
+                 f"{result.images_per_second:.1f} img/s, data wait {100 * result.data_wait_share:.0f}%")
+    return result
