@@ -160,6 +160,25 @@ def api_in_task_context(url: str) -> Iterator[None]:
         _drain_prefect_services(60)
 
 
+def _refused(address: str, timeout: float = 5.0) -> str | None:
+    """Why a TCP connection to the scheduler ``address`` (``tcp://`` or ``tls://``) fails at once
+    (refused, unknown host), or None when it connects or the address is of another kind. A
+    listening scheduler that is slow to answer is left to the client's own timeout."""
+    import socket
+    from urllib.parse import urlsplit
+
+    parts = urlsplit(address if "://" in address else f"tcp://{address}")
+    if parts.scheme not in ("tcp", "tls") or not parts.hostname or parts.port is None:
+        return None
+    try:
+        with socket.create_connection((parts.hostname, parts.port), timeout=timeout):
+            return None
+    except socket.timeout:
+        return None
+    except OSError as e:
+        return e.strerror or str(e)
+
+
 def check_cluster(address: str, run_dir, timeout: float = 30.0) -> None:
     """Refuse, with one line, an existing Dask cluster the shard tasks cannot run on: no scheduler
     answering at ``address`` within ``timeout`` seconds, or a scheduler or worker without this
@@ -188,6 +207,9 @@ def check_cluster(address: str, run_dir, timeout: float = 30.0) -> None:
     path = None if ":/" in str(run_dir) else str(Path(run_dir).resolve())
     hint = ("the scheduler and every worker need the same wsseg installed and the run directory at the same path "
             "(docs/large-corpora.md#existing-dask-cluster)")
+    refused = _refused(address)
+    if refused:  # nothing listens there: say so at once (the client would retry for ``timeout`` seconds)
+        raise ValueError(f"--dask-address {address}: no Dask scheduler answers there ({refused})")
     try:
         client = Client(address, timeout=timeout, set_as_default=False)
     except (OSError, TimeoutError) as e:

@@ -88,14 +88,24 @@ def one_torch_thread():
 @contextlib.contextmanager
 def harness_cluster(tmp_path_factory, workers: int = 2):
     """A LocalCluster of ``workers`` whose workers report to the Prefect API of
-    ``prefect_harness`` (its URL exported while they start and run); yields its address."""
+    ``prefect_harness`` (its URL exported while they start: each nanny keeps the environment it
+    was started with, also for a worker it restarts); yields its address."""
     from prefect.settings import PREFECT_API_URL
 
     from flows.runtime import dask_cluster
 
+    previous = os.environ.get("PREFECT_API_URL")
     os.environ["PREFECT_API_URL"] = PREFECT_API_URL.value()
-    try:
-        with dask_cluster(None, workers, tmp_path_factory.mktemp("dask")) as address:
-            yield address
-    finally:
-        os.environ.pop("PREFECT_API_URL", None)
+    with dask_cluster(None, workers, tmp_path_factory.mktemp("dask")) as address:
+        if previous is None:  # this process's own commands and subprocesses start as before
+            os.environ.pop("PREFECT_API_URL", None)
+        yield address
+
+
+@pytest.fixture(scope="session")
+def cluster(prefect_harness, tmp_path_factory):
+    """One two-worker LocalCluster for the whole session, its workers reporting to the
+    harness's Prefect API (starting one per test module cost 10-25 s each, and its workers' first
+    task as much again: torch and the method's modules imported)."""
+    with harness_cluster(tmp_path_factory) as address:
+        yield address

@@ -12,7 +12,6 @@ from pathlib import Path
 import psutil
 import pytest
 
-from test_flows import cluster  # noqa: F401  (the two-worker Dask cluster fixture)
 
 ROOT = Path(__file__).resolve().parents[1]
 KILL_IDS = ["11_21_s", "12_25_s", "12_27_s", "12_33_s", "12_6_s", "12_8_s"]
@@ -54,7 +53,7 @@ def _outputs(run: Path) -> dict[str, bytes]:
 
 @pytest.mark.command("train")
 def test_sigkill_ends_the_child_processes_and_the_rerun_resumes_bit_identically(tmp_path, prefect_harness,
-                                                                               cluster):  # noqa: F811
+                                                                               cluster):
     """`wsseg train` killed with SIGKILL mid-run: its Dask workers, nannies, Prefect API server and
     loader processes end with it (a watchdog does it), and running the same command again
     resumes and gives exactly the outputs of a run that was never killed."""
@@ -132,7 +131,7 @@ def _cached_arrays(run: Path) -> dict[str, bytes]:
     return out
 
 
-def test_a_worker_killed_mid_stage_changes_nothing(tmp_path, prefect_harness, cluster):  # noqa: F811
+def test_a_worker_killed_mid_stage_changes_nothing(tmp_path, prefect_harness, cluster):
     """The features stage with one of two workers killed (SIGKILL) while it runs: the stage
     completes (Dask's nanny restarts the worker and the shard is run again) and every cached
     array is bit-identical to an undisturbed run's."""
@@ -181,7 +180,7 @@ def test_a_worker_killed_mid_stage_changes_nothing(tmp_path, prefect_harness, cl
 
 
 def test_prefect_server_gone_mid_run_keeps_the_outputs_and_says_what_was_not_recorded(tmp_path, prefect_harness,
-                                                                                      cluster):  # noqa: F811
+                                                                                      cluster):
     """The user's Prefect server dies while `wsseg train` runs: the command ends with one error
     line saying what could not be recorded and how to resume; what was computed is on disk."""
     import json

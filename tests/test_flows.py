@@ -6,18 +6,11 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from conftest import copy_sample, harness_cluster
+from conftest import copy_sample
 
 # 16 sample photos with two or more tags (co-occurring classes are the hard part)
 E2E_IDS = ["11_21_s", "12_25_s", "12_27_s", "12_33_s", "12_6_s", "12_8_s", "14_13_s", "14_29_s",
            "15_14_s", "16_19_s", "16_27_s", "17_13_s", "18_10_s", "19_20_s", "1_10_s", "20_10_s"]
-
-
-@pytest.fixture(scope="module")
-def cluster(prefect_harness, tmp_path_factory):
-    """A two-worker LocalCluster whose workers report to the harness's Prefect API."""
-    with harness_cluster(tmp_path_factory) as address:
-        yield address
 
 
 def test_ingest_reports_bad_files_and_writes_nothing(tmp_path, prefect_harness, cluster):

@@ -5,15 +5,15 @@ import numpy as np
 import pytest
 
 from conftest import copy_sample
-from test_flows import E2E_IDS, cluster  # noqa: F401  (the two-worker Dask cluster fixture)
+from test_flows import E2E_IDS
 
 
-def test_train_wsss_with_global_local_segmenter(tmp_path, prefect_harness, cluster, monkeypatch,  # noqa: F811
+def test_train_wsss_with_global_local_segmenter(tmp_path, prefect_harness, cluster, monkeypatch,
                                                 one_torch_thread):
     _rounds_with_global_local(tmp_path, cluster, monkeypatch)
 
 
-def _rounds_with_global_local(tmp_path, cluster, monkeypatch):  # noqa: F811
+def _rounds_with_global_local(tmp_path, cluster, monkeypatch):
     from flows.runtime import on_cluster
     from flows.wsss import ingest, train_wsss
     from models.global_local import GlobalLocalNet

@@ -239,10 +239,7 @@ def test_cli_checks_before_any_cluster_and_states_defaults(tmp_path, monkeypatch
 
 
 # ---------------------------------------------------------------------------- through the flow
-from test_flows import cluster  # noqa: E402,F401  (the two-worker Dask cluster fixture)
-
-
-def test_flow_refuses_without_writing_and_skip_invalid_reconciles(tmp_path, prefect_harness, cluster):  # noqa: F811
+def test_flow_refuses_without_writing_and_skip_invalid_reconciles(tmp_path, prefect_harness, cluster):
     from flows.runtime import on_cluster
     from flows.wsss import ingest
 

@@ -7,7 +7,6 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from conftest import harness_cluster
 
 from tasks.config import WSSSConfig
 from tasks.corpus.tags import contrast_warnings, tag_statistics
@@ -193,12 +192,6 @@ def test_stopping_decisions_known_by_construction():
 
 
 # ---------------------------------------------------------------------------- end to end
-@pytest.fixture(scope="module")
-def cluster(prefect_harness, tmp_path_factory):
-    with harness_cluster(tmp_path_factory) as address:
-        yield address
-
-
 def _artifact(key: str) -> str:
     from prefect.client.orchestration import get_client
     from prefect.client.schemas.filters import ArtifactFilter, ArtifactFilterKey
