@@ -109,3 +109,57 @@ def cluster(prefect_harness, tmp_path_factory):
     task as much again: torch and the method's modules imported)."""
     with harness_cluster(tmp_path_factory) as address:
         yield address
+
+
+#: six sample photos and a configuration small enough for tests that run `wsseg train` as a user
+#: would (killed, resumed, on an existing cluster): one round, two images per shard
+KILL_IDS = ["11_21_s", "12_25_s", "12_27_s", "12_33_s", "12_6_s", "12_8_s"]
+TINY = {"classifier": {"epochs": 4, "size": 160, "width": 16, "stride": 16, "batch_size": 8},
+        "mil": {"iterations": 1}, "proposals": {"epochs": 5},
+        "segmentation": {"epochs": 2, "crop": 160, "batch_size": 4, "num_workers": 1},
+        "max_rounds": 1, "shard_size": 2}
+
+
+def run_outputs(run: Path) -> dict[str, bytes]:
+    """The round's pseudo-labels and the trained model's weights of run directory ``run``, as bytes."""
+    from tasks.store import Store
+
+    store = Store(run)
+    out = {f"pseudo/{r.image_id}": store.pseudo(0, r.image_id).tobytes() for r in store.manifest()}
+    net, _ = store.read_model("segmenter", 0)
+    out |= {f"model/{k}": v.numpy().tobytes() for k, v in net.state_dict().items()}
+    return out
+
+
+def command_threads(env: dict | None = None) -> int:
+    """How many threads torch uses in a fresh process with environment ``env`` (a `wsseg` command's)."""
+    import subprocess
+    import sys
+
+    return int(subprocess.run([sys.executable, "-c", "import torch; print(torch.get_num_threads())"], env=env,
+                              capture_output=True, text=True, check=True).stdout)
+
+
+@pytest.fixture(scope="session")
+def tiny_reference(tmp_path_factory, prefect_harness, cluster) -> dict[str, bytes]:
+    """:func:`run_outputs` of `train` with :data:`TINY` on :data:`KILL_IDS`, never interrupted, on a
+    local cluster: what a killed-and-resumed command and a command on an existing cluster must
+    give bit for bit. Computed once, in this process with as many torch threads as a command's
+    own process has (the numbers depend on the configuration, the seed and the thread count, not on
+    which process runs the flow or how the images are sharded)."""
+    import torch
+
+    from flows.runtime import on_cluster
+    from flows.wsss import ingest, train_wsss
+    from tasks.config import WSSSConfig
+
+    base = tmp_path_factory.mktemp("tiny-reference")
+    src = copy_sample(base / "src", KILL_IDS)
+    on_cluster(ingest, cluster)(str(src), str(base / "run"), shard_size=8)
+    before = torch.get_num_threads()
+    torch.set_num_threads(command_threads(dict(os.environ, OMP_WAIT_POLICY="PASSIVE")))
+    try:
+        on_cluster(train_wsss, cluster)(str(base / "run"), WSSSConfig.model_validate(TINY), cluster)
+    finally:
+        torch.set_num_threads(before)
+    return run_outputs(base / "run")

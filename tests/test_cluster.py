@@ -16,8 +16,7 @@ from pathlib import Path
 
 import pytest
 
-from conftest import copy_sample
-from test_faults import KILL_IDS, TINY, _outputs
+from conftest import KILL_IDS, TINY, copy_sample, run_outputs
 
 ROOT = Path(__file__).resolve().parents[1]
 DASK = Path(sys.executable).with_name("dask")  # the CLI of this environment's distributed
@@ -96,7 +95,7 @@ def _task_runs(run: Path) -> dict[str, list[str]]:
     return out
 
 
-def test_ingest_and_a_round_on_an_existing_cluster_equal_the_local_cluster(tmp_path, external_cluster):
+def test_ingest_and_a_round_on_an_existing_cluster_equal_the_local_cluster(tmp_path, external_cluster, tiny_reference):
     from distributed import Client
 
     address, worker_home = external_cluster
@@ -105,12 +104,8 @@ def test_ingest_and_a_round_on_an_existing_cluster_equal_the_local_cluster(tmp_p
     # relative paths, from a folder that is not the workers': the command passes them on resolved
     _wsseg(tmp_path, "ingest", "src", "--run-dir", "ext", "--shard-size", "2", "--dask-address", address)
     _wsseg(tmp_path, "train", "--run-dir", "ext", "--config", "tiny.json", "--dask-address", address)
-    # the reference: the default local cluster, with other shards (the outputs do not depend on them)
-    _wsseg(tmp_path, "ingest", str(src), "--run-dir", "local", "--shard-size", "4", "--workers", "2")
-    _wsseg(tmp_path, "train", "--run-dir", "local", "--config", "tiny.json", "--set", "shard_size=5",
-           "--workers", "2")
-
-    got, want = _outputs(tmp_path / "ext"), _outputs(tmp_path / "local")
+    # the reference: the same training on a local cluster, with other shards (the outputs do not depend on them)
+    got, want = run_outputs(tmp_path / "ext"), tiny_reference
     assert len(got) > len(KILL_IDS) and got.keys() == want.keys()
     assert [k for k in want if got[k] != want[k]] == []
 

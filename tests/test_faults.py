@@ -12,15 +12,10 @@ from pathlib import Path
 import psutil
 import pytest
 
+from conftest import KILL_IDS, TINY, copy_sample, run_outputs
+
 
 ROOT = Path(__file__).resolve().parents[1]
-KILL_IDS = ["11_21_s", "12_25_s", "12_27_s", "12_33_s", "12_6_s", "12_8_s"]
-
-
-TINY = {"classifier": {"epochs": 4, "size": 160, "width": 16, "stride": 16, "batch_size": 8},
-        "mil": {"iterations": 1}, "proposals": {"epochs": 5},
-        "segmentation": {"epochs": 2, "crop": 160, "batch_size": 4, "num_workers": 1},
-        "max_rounds": 1, "shard_size": 2}
 
 
 def _wsseg(*argv, env=None, **kw):
@@ -40,26 +35,13 @@ def _alive(procs: dict[int, float]) -> dict[int, float]:
     return out
 
 
-def _outputs(run: Path) -> dict[str, bytes]:
-    """The round's pseudo-labels and the trained model's weights, as bytes."""
-    from tasks.store import Store
-
-    store = Store(run)
-    out = {f"pseudo/{r.image_id}": store.pseudo(0, r.image_id).tobytes() for r in store.manifest()}
-    net, _ = store.read_model("segmenter", 0)
-    out |= {f"model/{k}": v.numpy().tobytes() for k, v in net.state_dict().items()}
-    return out
-
-
 @pytest.mark.command("train")
 def test_sigkill_ends_the_child_processes_and_the_rerun_resumes_bit_identically(tmp_path, prefect_harness,
-                                                                               cluster):
+                                                                               cluster, tiny_reference):
     """`wsseg train` killed with SIGKILL mid-run: its Dask workers, nannies, Prefect API server and
     loader processes end with it (a watchdog does it), and running the same command again
-    resumes and gives exactly the outputs of a run that was never killed."""
+    resumes and gives exactly the outputs of a run that was never killed (``tiny_reference``)."""
     import json
-
-    from conftest import copy_sample
 
     env = dict(os.environ, OMP_WAIT_POLICY="PASSIVE")
     env.pop("PREFECT_API_URL", None)  # each command starts its own Prefect API server, as a user's would
@@ -69,23 +51,8 @@ def test_sigkill_ends_the_child_processes_and_the_rerun_resumes_bit_identically(
     from flows.runtime import on_cluster
     from flows.wsss import ingest
 
-    for name in ("killed", "reference"):  # the corpus (in this process: ingest is not what is tested)
-        on_cluster(ingest, cluster)(str(src), str(tmp_path / name), shard_size=8)
-    # the reference: the same training never interrupted (in this process; the numbers do not depend on
-    # which process runs the flow, only on the configuration, the seed and the thread count)
-    from flows.wsss import train_wsss
-    from tasks.config import WSSSConfig
-
-    import torch
-
-    threads = int(subprocess.run([sys.executable, "-c", "import torch; print(torch.get_num_threads())"], env=env,
-                                 capture_output=True, text=True, check=True).stdout)
-    before = torch.get_num_threads()
-    torch.set_num_threads(threads)  # as many as the command's own process has
-    try:
-        on_cluster(train_wsss, cluster)(str(tmp_path / "reference"), WSSSConfig.model_validate(TINY), cluster)
-    finally:
-        torch.set_num_threads(before)
+    # the corpus (in this process: ingest is not what is tested)
+    on_cluster(ingest, cluster)(str(src), str(tmp_path / "killed"), shard_size=8)
 
     run = tmp_path / "killed"
     cmd = _wsseg("train", "--run-dir", str(run), *train, env=env)
@@ -114,8 +81,8 @@ def test_sigkill_ends_the_child_processes_and_the_rerun_resumes_bit_identically(
         for pid in _alive(children):
             psutil.Process(pid).kill()
     assert _wsseg("train", "--run-dir", str(run), *train, env=env).wait(timeout=600) == 0
-    got, want = _outputs(run), _outputs(tmp_path / "reference")
-    assert got.keys() == want.keys() and all(got[k] == want[k] for k in want)
+    got = run_outputs(run)
+    assert got.keys() == tiny_reference.keys() and all(got[k] == tiny_reference[k] for k in tiny_reference)
 
 
 # ---------------------------------------------------------------------------- a worker killed mid-stage
