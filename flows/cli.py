@@ -25,8 +25,8 @@ from flows.cli_bench import (add_bench_quality_parser, add_bench_highres_parser,
                              add_bench_pipeline_parser)
 from flows.cli_common import (DEFAULT_RUN_DIR, version_text, common_args, storage_args, apply_storage_args,
                               config_args, build_config, DEMO_CONFIG, register_arg)
-from flows.commands import (cmd_ingest, cmd_refresh, cmd_train, cmd_demo, cmd_evaluate, cmd_status, cmd_ui,
-                            add_segment_parser)
+from flows.commands import (cmd_ingest, cmd_refresh, cmd_train, cmd_demo, cmd_evaluate, cmd_export, cmd_status,
+                            cmd_ui, add_segment_parser)
 
 
 def parser() -> argparse.ArgumentParser:
@@ -136,6 +136,29 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--json", action="store_true", help="print the status as one JSON object (for scripts)")
     storage_args(p)
     p.set_defaults(func=cmd_status)
+
+    p = sub.add_parser("export", help="a round's pseudo-labels as VOC-style PNGs or a COCO JSON",
+                       description="Write a finished round's pseudo-labels (the final round by default) as the "
+                                   "files other tools train on or show: png, the PASCAL VOC 2012 layout under "
+                                   "OUT/VOCdevkit/VOC2012 (palette PNGs of class indices, 255 = ignore, with the "
+                                   "images and the split lists: torchvision's VOCSegmentation and mmsegmentation "
+                                   "read it); coco, OUT/labels.json with one RLE mask per class present in each "
+                                   "image (the COCO-stuff layout, pycocotools reads it). Streams image by image; "
+                                   "names the round and the run's configuration digest in OUT/export.json.")
+    # dest "run", as `status`'s: a command that only reads creates no run directory (flows.runtime.prepare)
+    p.add_argument("--run-dir", dest="run", default=DEFAULT_RUN_DIR,
+                   help=f"the run directory, or an fsspec URL (default: {DEFAULT_RUN_DIR})")
+    storage_args(p, state=False)
+    p.add_argument("--round", default="final", help="'final' (the finished run's final round, the default) or a "
+                                                     "round number whose labels are finished")
+    p.add_argument("--format", choices=["png", "coco"], default="png", dest="fmt",
+                   help="png (VOC layout, the default) or coco (one COCO JSON of RLE masks)")
+    p.add_argument("--out", required=True, help="folder to write (new or empty; an earlier export needs --force)")
+    p.add_argument("--no-images", dest="images", action="store_false",
+                   help="leave the images out (labels, class list and split lists only)")
+    p.add_argument("--force", action="store_true", help="replace an earlier export in --out")
+    p.add_argument("--json", action="store_true", help="print the result as one JSON object (for scripts)")
+    p.set_defaults(func=cmd_export)
 
     bench = sub.add_parser("bench", help="benchmarks that print and write figures").add_subparsers(
         dest="bench", required=True)
@@ -255,7 +278,7 @@ def main(argv: list[str] | None = None) -> int:
             from flows.runtime import prepare
 
             prepare(run_dir, verbose=verbose)
-        if command_name(args) != "status":  # every other command starts processes (a Prefect API at least)
+        if command_name(args) not in ("status", "export"):  # the others start processes (a Prefect API at least)
             from flows.runtime import start_reaper
 
             start_reaper()

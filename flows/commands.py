@@ -1,5 +1,5 @@
 """The commands of method A and the run directory: ``wsseg demo``, ``ingest``, ``train``,
-``refresh``, ``evaluate``, ``status``, ``ui`` and ``segment`` (their parsers are in
+``refresh``, ``evaluate``, ``export``, ``status``, ``ui`` and ``segment`` (their parsers are in
 :func:`flows.cli.parser`, ``segment``'s here)."""
 from __future__ import annotations
 
@@ -162,6 +162,35 @@ def cmd_status(args) -> int:
         raise ValueError(f"{args.run}: no such run directory")
     st = run_status(store)
     print(json.dumps(st, default=str) if args.json else format_status(st))
+    return 0
+
+
+def cmd_export(args) -> int:
+    from tasks.labels.export import export_labels
+    from tasks.store import Store
+
+    store = Store(args.run)
+    store.check_reachable()
+    if not (store.exists() if store.remote else store.root.is_dir()):
+        raise ValueError(f"{args.run}: no such run directory")
+    res = export_labels(store, args.out, which=args.round, fmt=args.fmt, images=args.images, force=args.force)
+    if args.json:
+        print(json.dumps(res))
+        return 0
+    where = Path(res["out"]) / (res["layout"] if args.fmt == "png" else res["file"])
+    print(f"exported round {res['round']}'s labels of {res['images']} images ({args.fmt}"
+          f"{', with the images' if res['with_images'] else ''}; configuration {res['config_digest']}) to {where}")
+    if args.fmt == "png":
+        print("  splits: " + ", ".join(f"{k} {v}" for k, v in res["splits"].items()) +
+              f"; torchvision: VOCSegmentation({res['out']!r}, image_set='trainval'); mmsegmentation: "
+              f"data_root={str(where)!r}")
+    else:
+        print(f"  {res['annotations']} annotations (one per class present in an image), {res['categories']} "
+              f"categories; pycocotools: COCO({str(where)!r})")
+    if res["images_without_labels"]:
+        print(f"  {res['images_without_labels']} image(s) of the corpus have no labels in round {res['round']} "
+              f"(split(s) {', '.join(res['missing_splits'])}: the rounds label the tagged split; "
+              f"`wsseg refresh` labels new images)")
     return 0
 
 

@@ -141,12 +141,11 @@ def command_threads(env: dict | None = None) -> int:
 
 
 @pytest.fixture(scope="session")
-def tiny_reference(tmp_path_factory, prefect_harness, cluster) -> dict[str, bytes]:
-    """:func:`run_outputs` of `train` with :data:`TINY` on :data:`KILL_IDS`, never interrupted, on a
-    local cluster: what a killed-and-resumed command and a command on an existing cluster must
-    give bit for bit. Computed once, in this process with as many torch threads as a command's
-    own process has (the numbers depend on the configuration, the seed and the thread count, not on
-    which process runs the flow or how the images are sharded)."""
+def tiny_run(tmp_path_factory, prefect_harness, cluster) -> Path:
+    """A finished run directory: `train` with :data:`TINY` on :data:`KILL_IDS`, never interrupted,
+    on a local cluster, in this process with as many torch threads as a command's own process has
+    (the numbers depend on the configuration, the seed and the thread count, not on which process
+    runs the flow or how the images are sharded). Read it, never write it: tests share it."""
     import torch
 
     from flows.runtime import on_cluster
@@ -162,4 +161,11 @@ def tiny_reference(tmp_path_factory, prefect_harness, cluster) -> dict[str, byte
         on_cluster(train_wsss, cluster)(str(base / "run"), WSSSConfig.model_validate(TINY), cluster)
     finally:
         torch.set_num_threads(before)
-    return run_outputs(base / "run")
+    return base / "run"
+
+
+@pytest.fixture(scope="session")
+def tiny_reference(tiny_run) -> dict[str, bytes]:
+    """:func:`run_outputs` of :func:`tiny_run`: what a killed-and-resumed `train` and a `train` on
+    an existing cluster must give bit for bit."""
+    return run_outputs(tiny_run)

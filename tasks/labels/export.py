@@ -1,0 +1,220 @@
+"""``wsseg export``: a round's pseudo-labels as the files other tools read.
+
+* ``png``: the PASCAL VOC 2012 layout under ``OUT/VOCdevkit/VOC2012`` (what torchvision's
+  ``VOCSegmentation(OUT, image_set=...)`` and mmsegmentation's ``PascalVOCDataset`` read):
+  ``SegmentationClass/<id>.png`` (8-bit palette PNG of class indices, 255 = ignore, the VOC
+  colour map), ``JPEGImages/<id>.jpg`` (the corpus's pixels, JPEG quality 95; ``images=False``
+  leaves them out), ``ImageSets/Segmentation/<split>.txt`` per split of the corpus and
+  ``trainval.txt`` with every exported image, ``classes.txt`` (one name per index) and
+  ``palette.json`` (name -> RGB).
+* ``coco``: ``OUT/labels.json`` in the COCO-stuff layout for semantic labels: one annotation per
+  class present in an image, its mask as compressed RLE (pycocotools), its area and box;
+  categories are the class list (``id`` = class index + 1); ignored pixels carry no
+  annotation. ``OUT/images/<id>.jpg`` beside it (unless ``images=False``).
+
+Both stream: one image's labels are held at a time, the COCO file's images and annotations are
+written to two scratch files and joined at the end, so memory does not grow with the corpus.
+Every export names the round and the run's configuration digest (``export.json``, and the
+COCO file's ``info``). It is written to ``OUT.partial`` and renamed to ``OUT`` when complete:
+an export cut short is never taken for a whole one.
+"""
+from __future__ import annotations
+
+import datetime
+import json
+import os
+import shutil
+from pathlib import Path
+from typing import Callable, Iterator
+
+import numpy as np
+
+from tasks.runtime.progress import Progress
+from tasks.store import ImageRecord, Store, params_key
+from tasks.store.files import palette, write_jpeg, write_palette_png
+
+FORMATS = ("png", "coco")
+IGNORE = 255
+#: where the VOC layout lies under the export folder (torchvision's ``VOCSegmentation(root)``)
+VOC_DIR = Path("VOCdevkit") / "VOC2012"
+
+
+class ExportError(ValueError):
+    """What cannot be exported, in one line (the CLI prints it as ``wsseg: error: ...``)."""
+
+
+def export_round(store: Store, which: str | int) -> int:
+    """The round ``which`` names: ``"final"`` (the finished run's final round, summary.json) or
+    a round index whose labels are finished (round.json written)."""
+    finished = store.finished_rounds()
+    listed = ", ".join(map(str, finished)) or "none"
+    if which == "final":
+        summary = store.read_summary()
+        if summary is None or summary.get("final_round") is None:
+            raise ExportError(f"{store.root}: the run has not finished (no summary.json), so no round's labels are "
+                              f"final; finish it with `wsseg train --run-dir {store.root}`, or export a finished round "
+                              f"with --round N (finished rounds: {listed})")
+        r = int(summary["final_round"])
+        if r not in finished:
+            raise ExportError(f"{store.root}: summary.json names round {r} final, but that round is not finished "
+                              f"(finished rounds: {listed}); run `wsseg train --run-dir {store.root}` again")
+        return r
+    try:
+        r = int(which)
+    except ValueError:
+        raise ExportError(f"--round {which!r}: give 'final' or a round number") from None
+    if r not in finished:
+        raise ExportError(f"{store.root}: round {r} has no finished labels (finished rounds: {listed})")
+    return r
+
+
+def config_digest(store: Store) -> str | None:
+    """A short digest of the run's configuration (config.json), which names what made the labels."""
+    config = store.read_config()
+    return params_key(config) if config is not None else None
+
+
+def _labelled(store: Store, r: int) -> tuple[list[ImageRecord], list[ImageRecord]]:
+    """(records with labels in round ``r``, records without), in manifest order."""
+    have, missing = [], []
+    for rec in store.manifest():
+        (have if store.has_pseudo(r, rec.image_id) else missing).append(rec)
+    return have, missing
+
+
+def _labels(store: Store, r: int, records: list[ImageRecord]) -> Iterator[tuple[ImageRecord, np.ndarray]]:
+    for rec in records:
+        label = store.pseudo(r, rec.image_id)
+        if label is None:  # removed since it was listed: a concurrent `wsseg train` rewriting the round
+            raise ExportError(f"{store.root}: round {r}'s labels of {rec.image_id} disappeared while exporting; "
+                              "export again once the run is not being written")
+        yield rec, label
+
+
+def _write_voc(store: Store, r: int, records: list[ImageRecord], dest: Path, images: bool,
+               advance: Callable[[], None]) -> dict:
+    voc = dest / VOC_DIR
+    (voc / "SegmentationClass").mkdir(parents=True)
+    (voc / "ImageSets" / "Segmentation").mkdir(parents=True)
+    if images:
+        (voc / "JPEGImages").mkdir()
+    classes = store.classes()
+    pal = palette(max(3, classes.n))  # the VOC colour map (index 255: VOC's void colour)
+    splits: dict[str, list[str]] = {}
+    for rec, label in _labels(store, r, records):
+        write_palette_png(voc / "SegmentationClass" / f"{rec.image_id}.png", label.shape[0], label.shape[1],
+                          [label], pal)
+        if images:
+            write_jpeg(voc / "JPEGImages" / f"{rec.image_id}.jpg", store.image(rec.image_id))
+        splits.setdefault(rec.split or "train", []).append(rec.image_id)
+        advance()
+    for split, ids in splits.items():
+        (voc / "ImageSets" / "Segmentation" / f"{split}.txt").write_text("".join(f"{i}\n" for i in ids))
+    (voc / "ImageSets" / "Segmentation" / "trainval.txt").write_text("".join(f"{r.image_id}\n" for r in records))
+    (voc / "classes.txt").write_text("".join(f"{n}\n" for n in classes.names))
+    (voc / "palette.json").write_text(json.dumps(
+        {n: pal[3 * i: 3 * i + 3] for i, n in enumerate(classes.names)} | {"ignore (255)": pal[765:768]}, indent=1))
+    return {"layout": str(VOC_DIR), "splits": {k: len(v) for k, v in splits.items()}}
+
+
+def _rle(mask: np.ndarray) -> dict:
+    from pycocotools import mask as cocomask
+
+    rle = cocomask.encode(np.asfortranarray(mask.astype(np.uint8)))
+    area = int(cocomask.area(rle))
+    box = [float(v) for v in cocomask.toBbox(rle)]
+    return {"segmentation": {"size": [int(v) for v in rle["size"]], "counts": rle["counts"].decode("ascii")},
+            "area": area, "bbox": box}
+
+
+def _write_coco(store: Store, r: int, records: list[ImageRecord], dest: Path, images: bool, info: dict,
+                advance: Callable[[], None]) -> dict:
+    classes = store.classes()
+    if images:
+        (dest / "images").mkdir(parents=True)
+    scratch_images, scratch_anns = dest / ".images.jsonl", dest / ".annotations.jsonl"
+    n_ann = 0
+    with open(scratch_images, "w") as fi, open(scratch_anns, "w") as fa:
+        for k, (rec, label) in enumerate(_labels(store, r, records), start=1):
+            fi.write(json.dumps({"id": k, "file_name": f"{rec.image_id}.jpg", "height": int(label.shape[0]),
+                                 "width": int(label.shape[1]), "wsseg_image_id": rec.image_id,
+                                 "split": rec.split}) + "\n")
+            for c in np.unique(label).tolist():
+                if c == IGNORE:
+                    continue
+                n_ann += 1
+                fa.write(json.dumps({"id": n_ann, "image_id": k, "category_id": int(c) + 1, "iscrowd": 0,
+                                     **_rle(label == c)}) + "\n")
+            if images:
+                write_jpeg(dest / "images" / f"{rec.image_id}.jpg", store.image(rec.image_id))
+            advance()
+    categories = [{"id": i + 1, "name": n, "supercategory": "background" if i == classes.background else "class"}
+                  for i, n in enumerate(classes.names)]
+    with open(dest / "labels.json", "w") as out:  # the two lists copied line by line: nothing held whole
+        out.write('{"info": ' + json.dumps(info) + ', "licenses": [], "categories": ' + json.dumps(categories))
+        for key, scratch in (("images", scratch_images), ("annotations", scratch_anns)):
+            out.write(f', "{key}": [')
+            with open(scratch) as f:
+                for i, line in enumerate(f):
+                    out.write(("," if i else "") + line.rstrip("\n"))
+            out.write("]")
+        out.write("}\n")
+    scratch_images.unlink()
+    scratch_anns.unlink()
+    return {"file": "labels.json", "annotations": n_ann, "categories": len(categories)}
+
+
+def export_labels(store: Store, out: str | os.PathLike, *, which: str | int = "final", fmt: str = "png",
+                  images: bool = True, force: bool = False) -> dict:
+    """Export round ``which``'s pseudo-labels of every image that has them to folder ``out`` in
+    format ``fmt`` (see the module's docstring); returns what was written (also ``out/export.json``).
+
+    Raises :class:`ExportError` (one line) for a run without a corpus, a round that is not finished,
+    an unknown format, or an ``out`` that exists and is not an earlier export (``force`` replaces an
+    earlier export)."""
+    if fmt not in FORMATS:
+        raise ExportError(f"--format {fmt!r}: one of {', '.join(FORMATS)}")
+    if not store.has_corpus():
+        raise ExportError(f"{store.root}: no corpus here (run `wsseg ingest` and `wsseg train` first)")
+    r = export_round(store, which)
+    out = Path(out)
+    if out.exists() and any(out.iterdir()):
+        if not (out / "export.json").is_file():
+            raise ExportError(f"{out}: exists and is not an earlier export; give an empty or new folder")
+        if not force:
+            raise ExportError(f"{out}: holds an earlier export; --force replaces it")
+    records, missing = _labelled(store, r)
+    if not records:
+        raise ExportError(f"{store.root}: round {r} has labels of no image")
+    digest = config_digest(store)
+    info = {"description": f"wsseg pseudo-labels of round {r}", "run_dir": str(store.root), "round": r,
+            "config_digest": digest, "format": fmt,
+            "date_created": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds")}
+    partial = out.with_name(out.name + ".partial")
+    shutil.rmtree(partial, ignore_errors=True)  # what an export cut short left
+    partial.mkdir(parents=True)
+    prog = Progress(f"export {fmt}", len(records))
+    step = max(1, min(256, len(records) // 20))
+    done = 0
+
+    def advance() -> None:
+        nonlocal done
+        done += 1
+        if done % step == 0 or done == len(records):
+            prog.advance(step if done % step == 0 else done % step)
+
+    try:
+        if fmt == "png":
+            written = _write_voc(store, r, records, partial, images, advance)
+        else:
+            written = _write_coco(store, r, records, partial, images, info, advance)
+        result = info | {"images": len(records), "images_without_labels": len(missing),
+                         "classes": list(store.classes().names), "with_images": images, **written}
+        (partial / "export.json").write_text(json.dumps(result, indent=1))
+        if out.exists():
+            shutil.rmtree(out)
+        partial.rename(out)
+    except BaseException:
+        shutil.rmtree(partial, ignore_errors=True)
+        raise
+    return result | {"out": str(out), "missing_splits": sorted({m.split for m in missing})}
