@@ -1,7 +1,8 @@
 """The run directory on object storage: a real S3-compatible server (moto's, over HTTP on
 127.0.0.1, started here), ingest and one refresh round through a real two-worker LocalCluster
-with the store at ``s3://bucket/run``, compared with the same run in a local folder; the CLI on
-such a URL; and the refusals (a scheme without its package, an endpoint that does not answer)."""
+with the store at ``s3://bucket/run``, compared with the same run in a local folder (the
+session's ``tiny_run``); the CLI on such a URL; and the refusals (a scheme without its package, an
+endpoint that does not answer)."""
 import json
 import os
 import socket
@@ -13,16 +14,11 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from conftest import copy_sample, harness_cluster
+from conftest import KILL_IDS, TINY, command_threads, copy_sample, harness_cluster
 
 ROOT = Path(__file__).resolve().parents[1]
 WSSEG = [sys.executable, "-m", "flows.cli"]
-IDS = ["12_25_s", "12_27_s", "14_13_s", "15_14_s", "16_19_s", "1_10_s"]
-CONFIG = {"classifier": {"epochs": 6, "size": 128, "width": 16, "stride": 16, "batch_size": 8},
-          "mil": {"iterations": 1}, "proposals": {"epochs": 2},
-          "segmentation": {"epochs": 1, "min_steps": 6, "crop": 128, "batch_size": 4,
-                           "num_workers": 0},
-          "max_rounds": 1, "shard_size": 4}
+IDS = KILL_IDS
 CREDENTIALS = {"AWS_ACCESS_KEY_ID": "testing", "AWS_SECRET_ACCESS_KEY": "testing", "AWS_DEFAULT_REGION": "us-east-1"}
 
 
@@ -75,29 +71,37 @@ def s3(tmp_path_factory):
 
 
 @pytest.fixture(scope="module")
-def cluster(s3, prefect_harness, tmp_path_factory):
-    """A two-worker LocalCluster (started after the store's options are set) reporting to the
-    harness's Prefect API."""
+def s3_cluster(s3, prefect_harness, tmp_path_factory):
+    """A two-worker LocalCluster (started after the store's options are set: its workers reach the
+    object store) reporting to the harness's Prefect API."""
     with harness_cluster(tmp_path_factory) as address:
         yield address
 
 
-def test_ingest_and_a_round_on_s3_match_a_local_run(tmp_path, s3, cluster, one_torch_thread, monkeypatch):
+def test_ingest_and_a_round_on_s3_match_a_local_run(tmp_path, s3, s3_cluster, tiny_run, monkeypatch):
     import fsspec
+    import torch
 
     from flows.runtime import on_cluster
     from flows.wsss import ingest, train_wsss
     from tasks.config import WSSSConfig
     from tasks.store import Store
 
+    cluster = s3_cluster
     monkeypatch.setenv("WSSEG_STATE_DIR", str(tmp_path / "state"))
     src = copy_sample(tmp_path / "src", IDS)
-    cfg = WSSSConfig.model_validate(CONFIG)
-    summaries = {}
-    for where in (str(tmp_path / "local"), "s3://bucket/run"):
-        on_cluster(ingest, cluster)(str(src), where, shard_size=4)
-        summaries[where] = on_cluster(train_wsss, cluster)(where, cfg, cluster)
-    local, remote = Store(tmp_path / "local"), Store("s3://bucket/run")
+    cfg = WSSSConfig.model_validate(TINY)
+    # the same corpus and training as the local run ``tiny_run`` (and as many torch threads)
+    on_cluster(ingest, cluster)(str(src), "s3://bucket/run", shard_size=4)
+    before = torch.get_num_threads()
+    torch.set_num_threads(command_threads(dict(os.environ, OMP_WAIT_POLICY="PASSIVE")))
+    try:
+        summaries = {"s3://bucket/run": on_cluster(train_wsss, cluster)("s3://bucket/run", cfg, cluster),
+                     str(tiny_run): Store(tiny_run).read_summary()}
+    finally:
+        torch.set_num_threads(before)
+    local_dir = tiny_run
+    local, remote = Store(local_dir), Store("s3://bucket/run")
     assert remote.remote and str(remote.root) == "s3://bucket/run"
 
     # the store lies on the object store: its objects are there, nothing under a local "s3:" folder
@@ -109,7 +113,7 @@ def test_ingest_and_a_round_on_s3_match_a_local_run(tmp_path, s3, cluster, one_t
     assert not Path("s3:").exists() and not (tmp_path / "s3:").exists()
     # MLflow's database and Prefect's home lie in the local state folder
     assert (tmp_path / "state" / "mlflow.db").is_file()
-    assert Path(summaries["s3://bucket/run"]["final_model"]) != Path(summaries[str(tmp_path / "local")]["final_model"])
+    assert Path(summaries["s3://bucket/run"]["final_model"]) != Path(summaries[str(local_dir)]["final_model"])
     assert summaries["s3://bucket/run"]["final_model"] == "s3://bucket/run/rounds/r000/model.pt"
 
     # the same results: corpus, pseudo-labels and CAM labels bit for bit, metrics equal
@@ -136,15 +140,14 @@ def test_ingest_and_a_round_on_s3_match_a_local_run(tmp_path, s3, cluster, one_t
     from flows.wsss import evaluate
     from tasks.highres import segment as sg
 
-    ev = {w: on_cluster(evaluate, cluster)(w, 0, "train", "pseudo") for w in (str(tmp_path / "local"),
-                                                                              "s3://bucket/run")}
-    assert ev[str(tmp_path / "local")]["miou"] == ev["s3://bucket/run"]["miou"] == a["pseudo_label_miou"]
+    ev = {w: on_cluster(evaluate, cluster)(w, 0, "train", "pseudo") for w in (str(local_dir), "s3://bucket/run")}
+    assert ev[str(local_dir)]["miou"] == ev["s3://bucket/run"]["miou"] == a["pseudo_label_miou"]
     image = str(src / "images" / f"{IDS[0]}.jpg")
     out = {w: sg.segment([image], w, tmp_path / f"seg-{i}", log=lambda m: None)[0]
-           for i, w in enumerate((str(tmp_path / "local"), "s3://bucket/run"))}
-    assert out[str(tmp_path / "local")].read_bytes() == out["s3://bucket/run"].read_bytes()
+           for i, w in enumerate((str(local_dir), "s3://bucket/run"))}
+    assert out[str(local_dir)].read_bytes() == out["s3://bucket/run"].read_bytes()
     # a second run on the same URL resumes: nothing is computed again, the same summary comes back
-    again = on_cluster(train_wsss, cluster)("s3://bucket/run", cfg, cluster)
+    again = on_cluster(train_wsss, cluster)("s3://bucket/run", cfg, cluster)  # all finished: read back
     assert again["rounds"][1]["pseudo_label_miou"] == summaries["s3://bucket/run"]["rounds"][1]["pseudo_label_miou"]
 
 
