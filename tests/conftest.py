@@ -99,6 +99,8 @@ def harness_cluster(tmp_path_factory, workers: int = 2):
     with dask_cluster(None, workers, tmp_path_factory.mktemp("dask")) as address:
         if previous is None:  # this process's own commands and subprocesses start as before
             os.environ.pop("PREFECT_API_URL", None)
+        else:
+            os.environ["PREFECT_API_URL"] = previous
         yield address
 
 

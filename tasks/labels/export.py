@@ -51,12 +51,12 @@ def export_round(store: Store, which: str | int) -> int:
     if which == "final":
         summary = store.read_summary()
         if summary is None or summary.get("final_round") is None:
-            raise ExportError(f"{store.root}: the run has not finished (no summary.json), so no round's labels are "
-                              f"final; finish it with `wsseg train --run-dir {store.root}`, or export a finished round "
+            raise ExportError(f"{store.root}: the run has not finished (no {store.summary_path.name}), so no "
+                              f"round's labels are final; finish it with `wsseg train --run-dir {store.root}`, or export a finished round "
                               f"with --round N (finished rounds: {listed})")
         r = int(summary["final_round"])
         if r not in finished:
-            raise ExportError(f"{store.root}: summary.json names round {r} final, but that round is not finished "
+            raise ExportError(f"{store.summary_path} names round {r} final, but that round is not finished "
                               f"(finished rounds: {listed}); run `wsseg train --run-dir {store.root}` again")
         return r
     try:
@@ -74,25 +74,22 @@ def config_digest(store: Store) -> str | None:
     return params_key(config) if config is not None else None
 
 
-def _labelled(store: Store, r: int) -> tuple[list[ImageRecord], list[ImageRecord]]:
-    """(records with labels in round ``r``, records without), in manifest order."""
-    have, missing = [], []
-    for rec in store.manifest():
-        (have if store.has_pseudo(r, rec.image_id) else missing).append(rec)
-    return have, missing
-
-
-def _labels(store: Store, r: int, records: list[ImageRecord]) -> Iterator[tuple[ImageRecord, np.ndarray]]:
+def _labels(store: Store, r: int, records: list[ImageRecord], missing: list[ImageRecord],
+            advance: Callable[[], None]) -> Iterator[tuple[ImageRecord, np.ndarray]]:
+    """Round ``r``'s label map of each of ``records`` that has one (each read once); those without
+    are appended to ``missing`` (the rounds label the tagged split only). ``advance`` after each
+    record, once it is written."""
     for rec in records:
         label = store.pseudo(r, rec.image_id)
-        if label is None:  # removed since it was listed: a concurrent `wsseg train` rewriting the round
-            raise ExportError(f"{store.root}: round {r}'s labels of {rec.image_id} disappeared while exporting; "
-                              "export again once the run is not being written")
-        yield rec, label
+        if label is None:
+            missing.append(rec)
+        else:
+            yield rec, label
+        advance()
 
 
-def _write_voc(store: Store, r: int, records: list[ImageRecord], dest: Path, images: bool,
-               advance: Callable[[], None]) -> dict:
+def _write_voc(store: Store, r: int, records: list[ImageRecord], missing: list[ImageRecord], dest: Path,
+               images: bool, advance: Callable[[], None]) -> dict:
     voc = dest / VOC_DIR
     (voc / "SegmentationClass").mkdir(parents=True)
     (voc / "ImageSets" / "Segmentation").mkdir(parents=True)
@@ -101,20 +98,21 @@ def _write_voc(store: Store, r: int, records: list[ImageRecord], dest: Path, ima
     classes = store.classes()
     pal = palette(max(3, classes.n))  # the VOC colour map (index 255: VOC's void colour)
     splits: dict[str, list[str]] = {}
-    for rec, label in _labels(store, r, records):
+    for rec, label in _labels(store, r, records, missing, advance):
         write_palette_png(voc / "SegmentationClass" / f"{rec.image_id}.png", label.shape[0], label.shape[1],
                           [label], pal)
         if images:
             write_jpeg(voc / "JPEGImages" / f"{rec.image_id}.jpg", store.image(rec.image_id))
         splits.setdefault(rec.split or "train", []).append(rec.image_id)
-        advance()
     for split, ids in splits.items():
         (voc / "ImageSets" / "Segmentation" / f"{split}.txt").write_text("".join(f"{i}\n" for i in ids))
-    (voc / "ImageSets" / "Segmentation" / "trainval.txt").write_text("".join(f"{r.image_id}\n" for r in records))
+    (voc / "ImageSets" / "Segmentation" / "trainval.txt").write_text("".join(f"{i}\n" for ids in splits.values()
+                                                                                 for i in ids))
     (voc / "classes.txt").write_text("".join(f"{n}\n" for n in classes.names))
     (voc / "palette.json").write_text(json.dumps(
         {n: pal[3 * i: 3 * i + 3] for i, n in enumerate(classes.names)} | {"ignore (255)": pal[765:768]}, indent=1))
-    return {"layout": str(VOC_DIR), "splits": {k: len(v) for k, v in splits.items()}}
+    return {"layout": str(VOC_DIR), "images": sum(map(len, splits.values())),
+            "splits": {k: len(v) for k, v in splits.items()}}
 
 
 def _rle(mask: np.ndarray) -> dict:
@@ -127,15 +125,15 @@ def _rle(mask: np.ndarray) -> dict:
             "area": area, "bbox": box}
 
 
-def _write_coco(store: Store, r: int, records: list[ImageRecord], dest: Path, images: bool, info: dict,
-                advance: Callable[[], None]) -> dict:
+def _write_coco(store: Store, r: int, records: list[ImageRecord], missing: list[ImageRecord], dest: Path,
+                images: bool, info: dict, advance: Callable[[], None]) -> dict:
     classes = store.classes()
     if images:
         (dest / "images").mkdir(parents=True)
     scratch_images, scratch_anns = dest / ".images.jsonl", dest / ".annotations.jsonl"
-    n_ann = 0
+    n_ann = k = 0
     with open(scratch_images, "w") as fi, open(scratch_anns, "w") as fa:
-        for k, (rec, label) in enumerate(_labels(store, r, records), start=1):
+        for k, (rec, label) in enumerate(_labels(store, r, records, missing, advance), start=1):
             fi.write(json.dumps({"id": k, "file_name": f"{rec.image_id}.jpg", "height": int(label.shape[0]),
                                  "width": int(label.shape[1]), "wsseg_image_id": rec.image_id,
                                  "split": rec.split}) + "\n")
@@ -147,7 +145,6 @@ def _write_coco(store: Store, r: int, records: list[ImageRecord], dest: Path, im
                                      **_rle(label == c)}) + "\n")
             if images:
                 write_jpeg(dest / "images" / f"{rec.image_id}.jpg", store.image(rec.image_id))
-            advance()
     categories = [{"id": i + 1, "name": n, "supercategory": "background" if i == classes.background else "class"}
                   for i, n in enumerate(classes.names)]
     with open(dest / "labels.json", "w") as out:  # the two lists copied line by line: nothing held whole
@@ -161,7 +158,7 @@ def _write_coco(store: Store, r: int, records: list[ImageRecord], dest: Path, im
         out.write("}\n")
     scratch_images.unlink()
     scratch_anns.unlink()
-    return {"file": "labels.json", "annotations": n_ann, "categories": len(categories)}
+    return {"file": "labels.json", "images": k, "annotations": n_ann, "categories": len(categories)}
 
 
 def export_labels(store: Store, out: str | os.PathLike, *, which: str | int = "final", fmt: str = "png",
@@ -183,9 +180,7 @@ def export_labels(store: Store, out: str | os.PathLike, *, which: str | int = "f
             raise ExportError(f"{out}: exists and is not an earlier export; give an empty or new folder")
         if not force:
             raise ExportError(f"{out}: holds an earlier export; --force replaces it")
-    records, missing = _labelled(store, r)
-    if not records:
-        raise ExportError(f"{store.root}: round {r} has labels of no image")
+    records, missing = store.manifest(), []
     digest = config_digest(store)
     info = {"description": f"wsseg pseudo-labels of round {r}", "run_dir": str(store.root), "round": r,
             "config_digest": digest, "format": fmt,
@@ -194,22 +189,26 @@ def export_labels(store: Store, out: str | os.PathLike, *, which: str | int = "f
     shutil.rmtree(partial, ignore_errors=True)  # what an export cut short left
     partial.mkdir(parents=True)
     prog = Progress(f"export {fmt}", len(records))
-    step = max(1, min(256, len(records) // 20))
-    done = 0
+    step = max(1, min(256, len(records) // 20))  # about 20 progress lines
+    seen = 0
 
-    def advance() -> None:
-        nonlocal done
-        done += 1
-        if done % step == 0 or done == len(records):
-            prog.advance(step if done % step == 0 else done % step)
+    def advance() -> None:  # after each image looked at (labelled or not)
+        nonlocal seen
+        seen += 1
+        if seen % step == 0:
+            prog.advance(step)
 
     try:
         if fmt == "png":
-            written = _write_voc(store, r, records, partial, images, advance)
+            written = _write_voc(store, r, records, missing, partial, images, advance)
         else:
-            written = _write_coco(store, r, records, partial, images, info, advance)
-        result = info | {"images": len(records), "images_without_labels": len(missing),
-                         "classes": list(store.classes().names), "with_images": images, **written}
+            written = _write_coco(store, r, records, missing, partial, images, info, advance)
+        if seen % step:
+            prog.advance(seen % step)
+        if not written["images"]:
+            raise ExportError(f"{store.root}: round {r} has labels of no image")
+        result = info | {"images_without_labels": len(missing), "classes": list(store.classes().names),
+                         "with_images": images, **written}
         (partial / "export.json").write_text(json.dumps(result, indent=1))
         if out.exists():
             shutil.rmtree(out)
