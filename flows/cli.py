@@ -22,10 +22,11 @@ from pathlib import Path
 
 
 from flows.cli_bench import (add_bench_quality_parser, add_bench_highres_parser, add_bench_train_parser,
-                             add_bench_pipeline_parser)
+                             add_bench_pipeline_parser, add_bench_corrections_parser)
 from flows.cli_common import (DEFAULT_RUN_DIR, version_text, common_args, storage_args, apply_storage_args,
                               config_args, build_config, DEMO_CONFIG, register_arg)
-from flows.commands import (cmd_ingest, cmd_refresh, cmd_train, cmd_demo, cmd_evaluate, cmd_export, cmd_status,
+from tasks.labels.formats import FORMATS as EXPORT_FORMATS
+from flows.commands import (cmd_ingest, cmd_refresh, cmd_train, cmd_demo, cmd_evaluate, cmd_export, cmd_review, cmd_status,
                             cmd_ui, add_segment_parser)
 
 
@@ -44,11 +45,21 @@ def parser() -> argparse.ArgumentParser:
     register_arg(p)
     p.set_defaults(func=cmd_demo)
 
-    p = sub.add_parser("ingest", help="a dataset folder -> corpus store",
+    p = sub.add_parser("ingest", help="a dataset folder -> corpus store (and a person's corrected labels)",
                        description="Ingest a folder with images/ + labels.csv (image_id,labels[,split]; tags "
                                    "separated by ';'), optional classes.txt, masks/ and <split>.txt, or a PASCAL VOC "
-                                   "layout, into the run directory's corpus store.")
-    p.add_argument("source", type=Path, help="the dataset folder: images/ + labels.csv, or a PASCAL VOC layout")
+                                   "layout, into the run directory's corpus store. With --corrections (the source "
+                                   "may then be left out), also take corrected label maps of ingested images: "
+                                   "they are kept as they are by every later round and trained on as trusted labels.")
+    p.add_argument("source", type=Path, nargs="?", default=None,
+                   help="the dataset folder: images/ + labels.csv, or a PASCAL VOC layout (optional with --corrections)")
+    p.add_argument("--corrections", type=Path, default=None, metavar="PATH",
+                   help="corrected labels: a folder of PNG label maps <image id>.png (the png export's layout; "
+                        "class indices, 255 = not labelled) or Label Studio's JSON export of a project made from "
+                        "`wsseg export --format labelstudio`; each refused file is named with its problem, the "
+                        "others are kept; a new correction of an image replaces the old one; `wsseg train` then "
+                        "recomputes the rounds with them")
+    p.add_argument("--json", action="store_true", help="print the corrections' result as one JSON object")
     p.add_argument("--shard-size", type=int, default=32,
                    help="images per ingest task (each task decodes, hashes and stores its images; default 32)")
     p.add_argument("--skip-invalid", action="store_true",
@@ -151,8 +162,8 @@ def parser() -> argparse.ArgumentParser:
     storage_args(p, state=False)
     p.add_argument("--round", default="final", help="'final' (the finished run's final round, the default) or a "
                                                      "round number whose labels are finished")
-    p.add_argument("--format", choices=["png", "coco"], default="png", dest="fmt",
-                   help="png (VOC layout, the default) or coco (one COCO JSON of RLE masks)")
+    p.add_argument("--format", choices=EXPORT_FORMATS, default="png", dest="fmt",
+                   help="; ".join(f"{k}: {v}" for k, v in EXPORT_FORMATS.items()) + " (default png)")
     p.add_argument("--out", required=True, help="folder to write (new or empty; an earlier export needs --force)")
     p.add_argument("--no-images", dest="images", action="store_false",
                    help="leave the images out (labels, class list and split lists only)")
@@ -160,12 +171,29 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--json", action="store_true", help="print the result as one JSON object (for scripts)")
     p.set_defaults(func=cmd_export)
 
+    p = sub.add_parser("review", help="the images whose labels are most likely wrong, worst first",
+                       description="The review queue of a finished round (the final one by default): every image "
+                                   "of the round scored, without masks, by how likely its labels are wrong (the "
+                                   "mean rank of the disagreement between the round's preliminary network and its "
+                                   "labels, the network's uncertainty, the share changed since the round before "
+                                   "and the share of tags left without pixels), highest first. Where the corpus "
+                                   "has masks the table adds each image's true IoU and the Spearman correlation "
+                                   "(measuring only). `wsseg export --review N` exports the top N.")
+    p.add_argument("--run-dir", dest="run", default=DEFAULT_RUN_DIR,
+                   help=f"the run directory, or an fsspec URL (default: {DEFAULT_RUN_DIR})")
+    storage_args(p, state=False)
+    p.add_argument("--round", default="final", help="'final' (the default) or a finished round's number")
+    p.add_argument("--top", type=int, default=20, help="rows to show (default 20; 0: every image)")
+    p.add_argument("--json", action="store_true", help="print the queue as one JSON object (for scripts)")
+    p.set_defaults(func=cmd_review)
+
     bench = sub.add_parser("bench", help="benchmarks that print and write figures").add_subparsers(
         dest="bench", required=True)
     add_bench_quality_parser(bench)
     add_bench_train_parser(bench)
     add_bench_highres_parser(bench)
     add_bench_pipeline_parser(bench)
+    add_bench_corrections_parser(bench)
     add_segment_parser(sub)
     return ap
 
@@ -173,7 +201,7 @@ def parser() -> argparse.ArgumentParser:
 #: commands whose --run-dir may be an fsspec URL (the store on object storage)
 REMOTE_COMMANDS = ("ingest", "train", "refresh", "evaluate", "demo", "ui")
 #: commands that write a run directory: one at a time per directory (tasks.store.lock)
-WRITERS = ("demo", "ingest", "train", "refresh", "bench quality", "bench pipeline")
+WRITERS = ("demo", "ingest", "train", "refresh", "bench quality", "bench pipeline", "bench corrections")
 
 
 def command_name(args) -> str:
@@ -194,8 +222,16 @@ def precheck(args) -> None:
             raise ValueError(f"{run.root}: no corpus here; run `wsseg ingest SOURCE --run-dir {args.run_dir}` first")
     if name in ("evaluate", "refresh") and not Store(args.run_dir).finished_rounds():
         raise ValueError(f"{args.run_dir}: no finished round yet; run `wsseg train --run-dir {args.run_dir}` first")
-    if name == "ingest" and not Path(args.source).is_dir():
+    if name == "ingest" and args.source is None and args.corrections is None:
+        raise ValueError("give the dataset folder to ingest (SOURCE), or --corrections PATH, or both")
+    if name == "ingest" and args.source is not None and not Path(args.source).is_dir():
         raise ValueError(f"{args.source}: no such source folder")
+    if name == "ingest" and args.corrections is not None:
+        if not Path(args.corrections).exists():
+            raise ValueError(f"{args.corrections}: no such file or folder (--corrections: a folder of PNG label "
+                             "maps or a Label Studio JSON export)")
+        if args.source is None and not Store(args.run_dir).has_corpus():
+            raise ValueError(f"{args.run_dir}: no corpus here; ingest the images (SOURCE) before their corrections")
     if name == "segment":  # a missing, damaged or untrusted checkpoint is refused before any flow starts
         from tasks.store import files, read_file
 
@@ -278,7 +314,7 @@ def main(argv: list[str] | None = None) -> int:
             from flows.runtime import prepare
 
             prepare(run_dir, verbose=verbose)
-        if command_name(args) not in ("status", "export"):  # the others start processes (a Prefect API at least)
+        if command_name(args) not in ("status", "export", "review"):  # the others start processes (a Prefect API at least)
             from flows.runtime import start_reaper
 
             start_reaper()

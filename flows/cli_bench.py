@@ -319,3 +319,46 @@ def add_bench_pipeline_parser(bench) -> argparse.ArgumentParser:
     p.set_defaults(func=cmd_bench_pipeline)
     return p
 
+
+
+# ---------------------------------------------------------------------------- bench corrections
+def cmd_bench_corrections(args) -> int:
+    from flows.bench_corrections import bench_corrections
+    from flows.runtime import dask_cluster, on_cluster
+    from tasks.bench.corrections import markdown, pick_count
+
+    pick_count(10, args.share)  # a bad share fails before the cluster starts
+    run = Path(args.run_dir).resolve()
+    out = (Path(args.out) if args.out else run / "corrections.json").resolve()
+    with dask_cluster(args.dask_address, args.workers, run) as address:
+        res = on_cluster(bench_corrections, address)(str(run), str(out), share=args.share, seeds=args.seeds,
+                                                     eval_split=args.eval_split, dask_address=address)
+    if args.json:
+        print(json.dumps(res, default=str))
+        return 0
+    print()
+    print(markdown(res))
+    print(out)
+    return 0
+
+
+def add_bench_corrections_parser(bench) -> argparse.ArgumentParser:
+    """Register ``wsseg bench corrections`` (flow :func:`flows.bench_corrections.bench_corrections`)."""
+    p = bench.add_parser(
+        "corrections", help="a person's corrections of a share of the images: review queue's pick vs random",
+        description="From a finished run whose corpus has masks (e.g. `wsseg bench quality`'s --run-dir): correct "
+                    "--share of the training images (their masks stand in for a person's corrections), picked by "
+                    "the review queue (`wsseg review`) and at random under --seeds seeds, run the rounds again for "
+                    "each pick (in RUN_DIR/ablate-corrections-<pick>, sharing the corpus, feature cache and image "
+                    "classifier) and report the pseudo-label mIoU of the images not corrected (beside the run "
+                    "without corrections on the same images), of the whole corpus, and the final model's mIoU on "
+                    "--eval-split. Writes FILE.json and FILE.md.")
+    p.add_argument("--share", type=float, default=0.1, help="share of the images corrected (default 0.1)")
+    p.add_argument("--seeds", type=int, default=3, help="random picks, one per seed (default 3)")
+    p.add_argument("--eval-split", default="val", help="split the final models are evaluated on (default val)")
+    p.add_argument("--out", type=Path, default=None, help="result JSON (default: RUN_DIR/corrections.json); "
+                                                          ".md beside it")
+    common_args(p, "runs/bench-quality")
+    p.add_argument("--json", action="store_true", help="print the result as one JSON object (for scripts)")
+    p.set_defaults(func=cmd_bench_corrections)
+    return p

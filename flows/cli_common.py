@@ -162,6 +162,9 @@ def print_final(s: dict, stream=sys.stdout) -> None:
     """The final round and why the rounds stopped, and the warnings of a ``train_wsss`` summary."""
     if s.get("final_round") is not None:
         print(f"\nfinal: round {s['final_round']} ({s.get('stop_reason')})", file=stream)
+    if s.get("corrected_images"):
+        print(f"corrected by a person (wsseg ingest --corrections): {s['corrected_images']} of {s.get('images')} "
+              "images, their labels kept as corrected", file=stream)
     for w in s.get("warnings", []):
         print(f"warning: {w}", file=sys.stderr)
 

@@ -1,5 +1,5 @@
 """The commands of method A and the run directory: ``wsseg demo``, ``ingest``, ``train``,
-``refresh``, ``evaluate``, ``export``, ``status``, ``ui`` and ``segment`` (their parsers are in
+``refresh``, ``evaluate``, ``export``, ``review``, ``status``, ``ui`` and ``segment`` (their parsers are in
 :func:`flows.cli.parser`, ``segment``'s here)."""
 from __future__ import annotations
 
@@ -14,6 +14,42 @@ from flows.cli_common import (SAMPLE, storage_args, run_root, build_config, DEMO
 
 
 def cmd_ingest(args) -> int:
+    if args.source is not None:
+        cmd_ingest_source(args)
+    return cmd_corrections(args) if args.corrections is not None else 0
+
+
+def cmd_corrections(args) -> int:
+    """``wsseg ingest --corrections PATH``: store the corrections (tasks.labels.corrections); each
+    refused file is one line on stderr and the status is 1 when any was refused."""
+    from tasks.labels.corrections import ingest_corrections, summary_line
+    from tasks.runtime.progress import Progress
+    from tasks.store import Store
+
+    store = Store(run_root(args.run_dir))
+    prog = Progress("corrections", 0)
+    seen = 0
+
+    def advance() -> None:
+        nonlocal seen
+        seen += 1
+        if seen % 50 == 0:
+            prog.message(f"{seen} read")
+
+    res = ingest_corrections(store, args.corrections, progress=advance)
+    for line in res["refused"]:
+        print(f"wsseg: error: {line}", file=sys.stderr)
+    if args.json:
+        print(json.dumps(res))
+    else:
+        print(summary_line(res))
+        if res["stored"]:
+            print(f"the rounds are computed again with them (the features and the image classifier are kept): "
+                  f"wsseg train --run-dir {args.run_dir}")
+    return 1 if res["refused"] else 0
+
+
+def cmd_ingest_source(args) -> None:
     from tasks.corpus import ingest as ing
 
     bg = None if args.background == "none" else args.background
@@ -58,9 +94,12 @@ def cmd_ingest(args) -> int:
         elif ch["added"] or ch["changed"] or ch["retagged"]:
             print(f"label them with the current models: wsseg refresh --run-dir {args.run_dir}  "
                   f"(or retrain: wsseg train --run-dir {args.run_dir})")
+    if ch.get("corrections_dropped"):
+        print(f"{len(ch['corrections_dropped'])} correction(s) dropped: their images changed, were removed, or lost "
+              f"the corrected classes ({', '.join(ch['corrections_dropped'][:5])}"
+              f"{', ...' if len(ch['corrections_dropped']) > 5 else ''})")
     print(f"report: {s['report']}")
     print(run_root(args.run_dir) / "corpus")
-    return 0
 
 
 def cmd_refresh(args) -> int:
@@ -191,6 +230,42 @@ def cmd_export(args) -> int:
         print(f"  {res['images_without_labels']} image(s) of the corpus have no labels in round {res['round']} "
               f"(split(s) {', '.join(res['missing_splits'])}: the rounds label the tagged split; "
               f"`wsseg refresh` labels new images)")
+    return 0
+
+
+def cmd_review(args) -> int:
+    from tasks.labels.export import export_round
+    from tasks.labels.review import SIGNALS, review_table
+    from tasks.store import Store
+
+    store = Store(args.run)
+    store.check_reachable()
+    if not store.has_corpus():
+        raise ValueError(f"{args.run}: no corpus here (run `wsseg ingest` and `wsseg train` first)")
+    r = export_round(store, args.round)
+    res = review_table(store, r, top=args.top or None)
+    if not res["images"]:
+        raise ValueError(f"{store.round_dir(r)}: round {r} recorded no review signals (computed by an older wsseg); "
+                         f"run `wsseg train --run-dir {args.run}` again to recompute it")
+    if args.json:
+        print(json.dumps(res))
+        return 0
+    measured = any(x.get("iou") is not None for x in res["rows"])
+    cols = ["rank", "image_id", "score", *SIGNALS] + (["iou"] if measured else [])
+    fmt = lambda v: "-" if v is None else (f"{v:.3f}" if isinstance(v, float) else str(v))  # noqa: E731
+    table = [[str(i + 1), x["image_id"] + (" (corrected)" if x.get("corrected") else ""),
+              *(fmt(x.get(c)) for c in cols[2:])] for i, x in enumerate(res["rows"])]
+    widths = [max(len(c), *(len(t[k]) for t in table)) if table else len(c) for k, c in enumerate(cols)]
+    print(f"review queue of round {r}: {res['images']} images ({res['corrected']} corrected), the labels most "
+          f"likely wrong first (score: the mean rank of {', '.join(SIGNALS[:3])}, missing_tags)")
+    print("  ".join(c.ljust(w) for c, w in zip(cols, widths)))
+    for t in table:
+        print("  ".join(v.ljust(w) for v, w in zip(t, widths)))
+    if res["spearman"] is not None:
+        print(f"against the masks (measuring only, {res['measured']} uncorrected images with a mask): Spearman "
+              f"correlation of score and per-image IoU {res['spearman']:+.3f} (negative: the worst labels first)")
+    print(f"export these for a person's look: wsseg export --run-dir {args.run} --round {r} --review "
+          f"{len(res['rows'])} --format labelstudio --out DIR")
     return 0
 
 

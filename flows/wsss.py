@@ -29,6 +29,8 @@ from tasks.corpus import resume
 from tasks.corpus.encoders import with_weight_digests
 from tasks.corpus.tags import contrast_warnings
 from tasks.report.figures import overlay_grid, pick_overlay_records
+from tasks.labels.corrections import corrections_digest
+from tasks.labels.review import SIGNALS, review_table
 from tasks.runtime.progress import Progress
 from tasks.runtime.tracking import Tracker
 from tasks.store import ImageRecord, Store
@@ -226,7 +228,7 @@ def refresh_round(run_dir: str, round_index: int, config: WSSSConfig, feature_ke
     store = Store(run_dir)
     r = round_index
     records = store.manifest(config.split)
-    keep_round_inputs(store, r, resume.round_inputs(store.classes(), records, config))
+    keep_round_inputs(store, r, resume.round_inputs(store.classes(), records, config, corrections_entry(store, records)))
     done = store.read_round(r)
     if done and (not train_model or store.usable_checkpoint("segmenter", r)):
         return done  # a label-only round resumed by a full run goes on to train its model
@@ -274,6 +276,13 @@ def refresh_round(run_dir: str, round_index: int, config: WSSSConfig, feature_ke
     return summary
 
 
+def corrections_entry(store: Store, records: list[ImageRecord]) -> dict | None:
+    """The corrections of ``records`` as a round's input (count and digest), None without any."""
+    ids = {rec.image_id for rec in records}
+    index = {k: v for k, v in store.corrections().items() if k in ids}
+    return {"images": len(index), "digest": corrections_digest(index)} if index else None
+
+
 def keep_round_inputs(store: Store, r: int, inputs: dict) -> None:
     """Resume round ``r`` only from results computed from ``inputs`` (class list, corpus hash,
     configuration): when the round recorded other ones, or none though finished (an older
@@ -305,6 +314,7 @@ def report_round(store: Store, r: int, records: list[ImageRecord], config: WSSSC
                "changed_share": changed, "ignore_share": ignored,
                "wall_seconds": seconds, "mlflow_run_id": run_id,
                "feature_key": feature_key, "images": len(records),
+               "corrected_images": (corrections_entry(store, records) or {}).get("images", 0),
                "per_class_iou": ev.get(f"{r}:pseudo", {}).get("per_class_iou"),
                "per_class_accuracy": ev.get(f"{r}:pseudo", {}).get("per_class_accuracy"),
                "train_epochs": result.epochs_run if result else None,
@@ -323,6 +333,12 @@ def report_round(store: Store, r: int, records: list[ImageRecord], config: WSSSC
     tracker.log_artifact(pic, "overlays")
     if store.has_checkpoint("segmenter", r):
         tracker.log_artifact(store.checkpoint_path("segmenter", r), "checkpoint")
+    queue = review_table(store, r, top=10, measure=False)["rows"]
+    if queue:  # the review queue (tasks.labels.review): what a person should look at first
+        create_markdown_artifact(key=f"review-{r}", description=f"round {r}: the labels most likely wrong",
+                                 markdown=markdown_table([{"image_id": x["image_id"], "score": x["score"],
+                                                           **{k: x[k] for k in SIGNALS}} for x in queue]) +
+                                 f"\n\nEvery image: `wsseg review --run-dir {store.root} --round {r}`")
     create_markdown_artifact(key=f"round-{r}", markdown=markdown_table([row(summary)]) +
                              (f"\n\nMLflow run: [`{run_id}`]({tracker.run_url(run_id)})" if run_id
                               else "\n\nMLflow run: not recorded"), description=f"refresh round {r}")
@@ -399,7 +415,8 @@ def train_wsss(run_dir: str, config: WSSSConfig = WSSSConfig(), dask_address: st
                    "final_model": str(final) if final is not None else None,
                    "foreground": foreground, "warnings": warnings,
                    "mlflow_parent_run_id": parent_id, "wall_seconds": time.perf_counter() - t0,
-                   "feature_key": key, "images": len(records)}
+                   "feature_key": key, "images": len(records),
+                   "corrected_images": (corrections_entry(store, records) or {}).get("images", 0)}
         if logged is not None:
             summary["mlflow_model"] = logged
         url = tracker.run_url(parent_id)

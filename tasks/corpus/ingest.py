@@ -606,6 +606,13 @@ def corpus_summary(store: Store, results: list[dict], ids: list[str], classes: C
     before_classes = store.classes() if store.has_corpus() else None
     changes = corpus_changes(previous, recs)
     store.drop_labels(changes["removed"] + changes["changed"] + changes["retagged"])
+    # a correction is of the pixels and the tags it was made for: kept for a retagged image only
+    # while its classes are still among the image's tags (tasks.labels.corrections)
+    tags_now = {r.image_id: set(r.tags) | ({classes.names[classes.background]} if classes.background is not None
+                                          else set()) for r in recs}
+    corrected = store.corrections()
+    stale = [i for i in changes["retagged"] if i in corrected and not set(corrected[i]["classes"]) <= tags_now[i]]
+    dropped_corrections = store.drop_corrections(changes["removed"] + changes["changed"] + stale)
     store.drop_images(changes["removed"])
     store.write_corpus(recs, classes)
     splits: dict[str, int] = {}
@@ -616,6 +623,11 @@ def corpus_summary(store: Store, results: list[dict], ids: list[str], classes: C
     counts["decoded"] = sum(res.get("decoded", 0) for res in results)
     if before_classes is not None and before_classes != classes:
         counts["classes"] = {"before": list(before_classes.names), "now": list(classes.names)}
+        from tasks.labels.corrections import remap_corrections
+
+        dropped_corrections += remap_corrections(store, before_classes, classes)
+    if dropped_corrections:
+        counts["corrections_dropped"] = sorted(dropped_corrections)
     report = store.write_ingest_report({
         "listed": listed, "ingested": len(recs), "rejected": skipped, "problems": problems,
         "settings": settings or {}, "changes": counts,

@@ -53,11 +53,14 @@ def classifier_inputs(classes: ClassSpec, records: Sequence[ImageRecord], config
                                                            if k == config.classifier.encoder}}}
 
 
-def round_inputs(classes: ClassSpec, records: Sequence[ImageRecord], config: WSSSConfig) -> dict:
-    """What a round depends on: the class list, the corpus of its split and every configuration
-    field but :data:`tasks.config.NOT_IN_ROUNDS` (round budget, inference settings)."""
+def round_inputs(classes: ClassSpec, records: Sequence[ImageRecord], config: WSSSConfig,
+                 corrections: dict | None = None) -> dict:
+    """What a round depends on: the class list, the corpus of its split, every configuration
+    field but :data:`tasks.config.NOT_IN_ROUNDS` (round budget, inference settings) and, when the
+    run has any, a person's corrections (``{"images": n, "digest": ...}``)."""
     cfg = {k: v for k, v in config.model_dump(mode="json").items() if k not in NOT_IN_ROUNDS}
-    return {"classes": classes_entry(classes), "corpus": corpus_entry(records), "config": cfg}
+    out = {"classes": classes_entry(classes), "corpus": corpus_entry(records), "config": cfg}
+    return out | ({"corrections": corrections} if corrections else {})
 
 
 def what_changed(previous: dict | None, current: dict) -> list[str]:
@@ -81,6 +84,9 @@ def what_changed(previous: dict | None, current: dict) -> list[str]:
     if a.get("hash") != b.get("hash"):
         out.append(f"the corpus content ({a.get('images')} -> {b.get('images')} images, manifest hash "
                    f"{a.get('hash')} -> {b.get('hash')})")
+    a, b = previous.get("corrections") or {}, current.get("corrections") or {}
+    if a.get("digest") != b.get("digest"):
+        out.append(f"the corrections ({a.get('images', 0)} -> {b.get('images', 0)} corrected images)")
     a, b = previous.get("config") or {}, current.get("config") or {}
     # fields an older wsseg recorded that no round depends on (the shard size) are no change
     fields = sorted(k for k in set(a) | set(b) if a.get(k) != b.get(k) and k not in NOT_IN_ROUNDS)

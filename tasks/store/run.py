@@ -406,6 +406,50 @@ class Store:
         """Ground-truth mask, for evaluation only (None when the corpus has none)."""
         return self._read_array(self.corpus_dir / "masks.zarr", image_id)
 
+    # ------------------------------------------------------------------ corrections
+    # A person's corrected label maps (``wsseg ingest --corrections``): one array per image under
+    # corpus/corrections.zarr, and corpus/corrections.json, the index the rounds read once (which
+    # images are corrected, from which file, when): a round looks up no array of an image
+    # without a correction.
+    @property
+    def corrections_path(self) -> Path:
+        return self.corpus_dir / "corrections.json"
+
+    def corrections(self) -> dict[str, dict]:
+        """image id -> what its correction was read from (``file``, ``sha256``, ``at``,
+        ``classes``); empty when the run has none."""
+        return (_read_json(self.corrections_path) or {}).get("images", {})
+
+    def put_correction(self, image_id: str, label: np.ndarray, info: dict) -> None:
+        """Store ``label`` ((H, W) uint8 class indices, 255 = not labelled) as the corrected labels
+        of ``image_id``; :meth:`write_corrections` records it in the index."""
+        if label.dtype != np.uint8 or label.ndim != 2:
+            raise ValueError(f"a correction must be (H, W) uint8, got {label.shape} {label.dtype}")
+        self._write_array(self.corpus_dir / "corrections.zarr", image_id, label, info)
+
+    def write_corrections(self, index: dict[str, dict]) -> None:
+        """The corrections index (image id -> :meth:`corrections`' entry), written atomically."""
+        _write_json(self.corrections_path, {"images": dict(sorted(index.items()))})
+
+    def correction(self, image_id: str) -> np.ndarray | None:
+        """The corrected label map of ``image_id``, or None when no one corrected it."""
+        return self._read_array(self.corpus_dir / "corrections.zarr", image_id)
+
+    def drop_corrections(self, image_ids: Iterable[str]) -> list[str]:
+        """Forget the corrections of ``image_ids`` (an image removed or changed: the correction
+        was of other pixels); returns the ids that had one."""
+        from tasks.store.remote import rmtree
+
+        index = self.corrections()
+        gone = [i for i in image_ids if i in index]
+        for iid in gone:
+            index.pop(iid)
+            if valid_id(iid):
+                rmtree(self.corpus_dir / "corrections.zarr" / iid)
+        if gone:
+            self.write_corrections(index)
+        return gone
+
     # ------------------------------------------------------------------ feature cache
     def cache_dir(self, stage: str, key: str) -> Path:
         return self.root / "cache" / f"{stage}-{key}"
@@ -612,13 +656,22 @@ class Store:
 
     def share_from(self, other: "Store", parts: Sequence[str] = ("corpus", "cache", "classifier")) -> None:
         """Use ``other``'s corpus, feature cache and image classifier (symbolic links), e.g. an
-        ablation beside its main run. A part already present is left as it is."""
-        names = {"corpus": "corpus", "cache": "cache", "classifier": self.CHECKPOINTS["classifier"]}
+        ablation beside its main run. A part already present is left as it is. ``corpus_files``
+        instead of ``corpus``: the corpus's images, masks and manifest, but corrections of its own
+        (local run directories only)."""
+        names = {"corpus": "corpus", "corpus_files": "corpus", "cache": "cache",
+                 "classifier": self.CHECKPOINTS["classifier"]}
         if self.remote or other.remote:
             self._copy_parts(other, [(other.root / names[p], self.root / names[p]) for p in parts])
             return
         self.root.mkdir(parents=True, exist_ok=True)
-        for part in parts:
+        if "corpus_files" in parts:  # the corpus's files linked one by one: the corrections stay this run's own
+            (self.root / "corpus").mkdir(exist_ok=True)
+            for src in (other.root / "corpus").iterdir():
+                dst = self.root / "corpus" / src.name
+                if not src.name.startswith("corrections") and not (dst.exists() or dst.is_symlink()):
+                    dst.symlink_to(src, target_is_directory=src.is_dir())
+        for part in (p for p in parts if p != "corpus_files"):
             src, dst = other.root / names[part], self.root / names[part]
             if src.exists() and not (dst.exists() or dst.is_symlink()):
                 dst.symlink_to(src, target_is_directory=src.is_dir())
@@ -735,6 +788,23 @@ class Store:
 
     def mark_shard_done(self, r: int, stage: str, shard: str, info: dict) -> None:
         _write_json(self.round_dir(r) / "done" / f"{stage}-{shard}.json", info, indent=None)
+
+    def write_review(self, r: int, shard: str, rows: list[dict]) -> None:
+        """The review signals of one pseudo-label shard of round ``r`` (one row per image:
+        ``image_id`` and :data:`tasks.labels.review.SIGNALS`), one Parquet file per shard."""
+        self.write_table(self.round_dir(r) / "review" / f"{shard}.parquet", rows)
+
+    def review_rows(self, r: int) -> list[dict]:
+        """Every review row round ``r``'s shards recorded (empty for a round computed by a wsseg
+        without the review queue)."""
+        from tasks.store.remote import listdir
+
+        folder = self.round_dir(r) / "review"
+        rows: list[dict] = []
+        for name in sorted(listdir(folder)):
+            if name.endswith(".parquet"):
+                rows += self._read_parquet(folder / name).to_pylist()
+        return rows
 
     def write_round(self, r: int, summary: dict) -> None:
         _write_json(self.round_dir(r) / "round.json", summary)

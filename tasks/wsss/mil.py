@@ -84,7 +84,8 @@ def refine(features: list[np.ndarray], prelim: list[np.ndarray], allowed: list[n
            areas: list[np.ndarray], *, iterations: int = 8, prior_weight: float = 0.3, hidden: int = 256,
            min_share: float = 0.0, negatives: bool = False,
            epochs: int = 10, lr: float = 3e-3, batch_size: int = 2048, seed: int = 0,
-           progress: Callable[[int, float, float], None] | None = None) -> MILResult:
+           progress: Callable[[int, float, float], None] | None = None,
+           trusted: list[bool] | None = None) -> MILResult:
     """Train the superpixel classifier by multiple-instance reassignment.
 
     Parameters
@@ -99,6 +100,8 @@ def refine(features: list[np.ndarray], prelim: list[np.ndarray], allowed: list[n
         bags; see :func:`~tasks.wsss.proposal_classifier.train_proposal_classifier`)
 
     progress : called after each iteration with (iteration, changed share, loss)
+    trusted : per image, whether its ``prelim`` is a person's correction: its targets stay the
+        correction's (no reassignment, no claimed share)
 
     Returns the last iteration's classifier (None when ``iterations`` is 0); use
     :func:`evidence` to apply it.
@@ -112,7 +115,8 @@ def refine(features: list[np.ndarray], prelim: list[np.ndarray], allowed: list[n
     def targets(ev: np.ndarray, t: np.ndarray, a: np.ndarray) -> np.ndarray:
         return claim_targets(hard_targets(ev, t), ev, t, a, min_share)
 
-    labels = [targets(p, t, a) for p, t, a in zip(prelim, allowed, areas)]
+    trusted = trusted or [False] * len(features)
+    labels = [hard_targets(p, t) if k else targets(p, t, a) for p, t, a, k in zip(prelim, allowed, areas, trusted)]
     model, changed, losses = None, [], []
     total_area = float(sum(a.sum() for a in areas))
     for it in range(iterations):
@@ -120,8 +124,8 @@ def refine(features: list[np.ndarray], prelim: list[np.ndarray], allowed: list[n
                                                 batch_size=batch_size, seed=seed + it, weights=areas,
                                                 negatives=negatives)
         losses.append(hist[-1])
-        new = [targets(evidence(model, x, p, t, prior_weight), t, a)
-               for x, p, t, a in zip(features, prelim, allowed, areas)]
+        new = [old if k else targets(evidence(model, x, p, t, prior_weight), t, a)
+               for x, p, t, a, k, old in zip(features, prelim, allowed, areas, trusted, labels)]
         moved = sum(float(a[(n != o).any(1)].sum()) for n, o, a in zip(new, labels, areas))
         changed.append(moved / max(total_area, 1.0))
         labels = new
@@ -147,11 +151,14 @@ def refine_streamed(rows: RowBuffer, *, iterations: int = 8, prior_weight: float
     def targets(ev: np.ndarray, t: np.ndarray, a: np.ndarray) -> np.ndarray:
         return claim_targets(hard_targets(ev, t), ev, t, a, min_share)
 
+    # a trusted image (per-image field ``trusted``: a person's correction) keeps its first targets
+    fields = ["trusted"] if "trusted" in rows.image_fields else []
     total_area = 0.0
     for i in range(len(rows.pieces)):
-        with rows.chunk([i], ["p", "a", "tags"]) as c:
-            y = np.concatenate([targets(p, t, a) for p, t, a in zip(split_images(c, "p"), c["tags"],
-                                                                    split_images(c, "a"))])
+        with rows.chunk([i], ["p", "a", "tags"] + fields) as c:
+            kept = c["trusted"] if fields else np.zeros(len(c["tags"]), bool)
+            y = np.concatenate([hard_targets(p, t) if k else targets(p, t, a)
+                                for p, t, a, k in zip(split_images(c, "p"), c["tags"], split_images(c, "a"), kept)])
             total_area += float(c["a"].sum())
         rows.write(i, "y", y)
         del y
@@ -163,11 +170,12 @@ def refine_streamed(rows: RowBuffer, *, iterations: int = 8, prior_weight: float
         losses.append(hist[-1])
         moved = 0.0
         for i in range(len(rows.pieces)):
-            with rows.chunk([i], ["x", "p", "a", "y", "tags"]) as c:
+            with rows.chunk([i], ["x", "p", "a", "y", "tags"] + fields) as c:
                 new = []
-                for x, p, t, a, old in zip(split_images(c, "x"), split_images(c, "p"), c["tags"],
-                                           split_images(c, "a"), split_images(c, "y")):
-                    new.append(targets(evidence(model, x, p, t, prior_weight), t, a))
+                kept = c["trusted"] if fields else np.zeros(len(c["tags"]), bool)
+                for x, p, t, a, old, k in zip(split_images(c, "x"), split_images(c, "p"), c["tags"],
+                                              split_images(c, "a"), split_images(c, "y"), kept):
+                    new.append(old if k else targets(evidence(model, x, p, t, prior_weight), t, a))
                     moved += float(a[(new[-1] != old).any(1)].sum())
             rows.write(i, "y", np.concatenate(new))
             del new
@@ -201,16 +209,18 @@ def train_round(store: Store, r: int, records: list[ImageRecord], feature_key: s
 
     kw = dict(iterations=cfg.iterations, prior_weight=cfg.prior_weight, hidden=cfg.hidden, min_share=cfg.min_share,
               negatives=cfg.negatives_in(r), epochs=cfg.epochs, lr=cfg.lr, seed=seed + r, progress=report)
+    corrected = store.corrections().keys()  # their preliminary result is the correction: trusted targets
     with RowBuffer(cfg.max_samples, budget=budget) as rows:
         for rec in records:
             labels, feats, areas = load_superpixel_features(store, rec, feature_key)
             rows.add({"x": feats, "p": spx.pool(store.prelim(r, rec.image_id, classes.n), labels, n=len(areas),
                                                 channel_axis=0), "a": areas},
-                     {"tags": classes.tag_vector(rec.tags)})
+                     {"tags": classes.tag_vector(rec.tags), "trusted": np.array(rec.image_id in corrected)})
             del labels
         rows.finish()
         if rows.resident:
-            res = refine(rows.lists("x"), rows.lists("p"), rows.lists("tags"), rows.lists("a"), **kw)
+            res = refine(rows.lists("x"), rows.lists("p"), rows.lists("tags"), rows.lists("a"), **kw,
+                         trusted=[bool(t) for t in rows.lists("trusted")])
         else:
             prog.message(f"{rows.n_rows} superpixels, more than max_samples = {cfg.max_samples}: streamed from "
                          f"{len(rows.pieces)} pieces in {rows.folder}")

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import time
 from pathlib import Path
-from typing import Sequence
+from typing import Collection, Sequence
 
 import numpy as np
 import torch
@@ -17,6 +17,8 @@ from tasks.common.metrics import ConfusionAccumulator, changed_share, ignore_sha
 from tasks.config import ClassifierConfig, FeatureConfig, ForegroundConfig, ProposalConfig, WSSSConfig
 from tasks.corpus.ingest import ALPHA_BACKGROUND, decode_image, load_mask
 from tasks.corpus.tags import tag_statistics
+from tasks.labels.corrections import corrected_prelim
+from tasks.labels.review import image_signals
 from tasks.runtime.progress import run_log
 from tasks.store import ClassSpec, ImageRecord, Store, records_by_id, sha256_file
 from tasks.wsss import foreground as fg
@@ -191,11 +193,13 @@ def foreground_on(store: Store, config: WSSSConfig) -> tuple[bool, dict]:
 
 
 def preliminary_image(store: Store, rec: ImageRecord, r: int, model: torch.nn.Module, state: dict, classes: ClassSpec,
-                      key: str, config: WSSSConfig, foreground: bool = False) -> None:
+                      key: str, config: WSSSConfig, foreground: bool = False, corrected: Collection[str] = ()) -> None:
     """Step 1 for one image: its preliminary result of round ``r`` (``model``, ``state``: those
     of :func:`prelim_model`), written to the store; round 0 also writes the CAM labels. With
     ``foreground`` (:func:`foreground_on`), round 0's result is the class-agnostic foreground
-    evidence (:func:`tasks.wsss.foreground.foreground_probs`) instead of the CAMs'."""
+    evidence (:func:`tasks.wsss.foreground.foreground_probs`) instead of the CAMs'. An image in
+    ``corrected`` (the ids of :meth:`Store.corrections`) has its correction as the result where
+    it labels a pixel (:func:`tasks.labels.corrections.corrected_prelim`)."""
     image = store.image(rec.image_id)
     allowed = classes.tag_vector(rec.tags)
     if r == 0:
@@ -209,6 +213,8 @@ def preliminary_image(store: Store, rec: ImageRecord, r: int, model: torch.nn.Mo
         edges = load_edges(store, rec, key) if state["in_channels"] == 4 else None
         prior = store.prelim(0, rec.image_id, classes.n) if config.prior_weight > 0 else None
         prob = model_prelim_probs(model, image, edges, allowed, config, prior)
+    if rec.image_id in corrected:
+        prob = corrected_prelim(store.correction(rec.image_id), prob, allowed)
     idx = np.flatnonzero(allowed)
     store.write_prelim(r, rec.image_id, prob[idx], idx)
 
@@ -261,11 +267,17 @@ def image_pseudo_label(image: np.ndarray, f: ImageFeatures, prelim: np.ndarray, 
 
 
 def pseudo_image(store: Store, rec: ImageRecord, r: int, clf, mil_model, classes: ClassSpec, key: str, cfg: ProposalConfig,
-                 seed: int, mil_weight: float = 0.0, foreground: ForegroundConfig | None = None) -> np.ndarray:
+                 seed: int, mil_weight: float = 0.0, foreground: ForegroundConfig | None = None,
+                 corrected: Collection[str] = ()) -> np.ndarray:
     """Steps 5-7 for one image with round ``r``'s proposal classifier ``clf`` and MIL classifier
     (``mil_model``, None when the round has none): its (H, W) uint8 pseudo-label, also written to
     the store. ``foreground``: the run's foreground settings when its foreground path is on
-    (:func:`foreground_on`), else None."""
+    (:func:`foreground_on`), else None. An image in ``corrected`` (:meth:`Store.corrections`)
+    keeps its correction: nothing is computed, no round overwrites it."""
+    if rec.image_id in corrected:
+        label = store.correction(rec.image_id)
+        store.write_pseudo(r, rec.image_id, label)
+        return label
     label = image_pseudo_label(store.image(rec.image_id), load_features(store, rec, key),
                                store.prelim(r, rec.image_id, classes.n), clf, mil_model,
                                classes.tag_vector(rec.tags), classes, rec.tags, cfg, seed, mil_weight, foreground)
@@ -365,8 +377,9 @@ def preliminary_shard(run_dir: str, ids: list[str], round_index: int, key: str, 
     classes = store.classes()
     model, state = prelim_model(store, r)
     foreground = r == 0 and foreground_on(store, config)[0]
+    corrected = store.corrections().keys()
     for rec in records_by_id(store.manifest(), ids):
-        preliminary_image(store, rec, r, model, state, classes, key, config, foreground)
+        preliminary_image(store, rec, r, model, state, classes, key, config, foreground, corrected)
     store.mark_shard_done(r, "prelim", store.shard_name(ids), {"images": len(ids)})
     run_log(f"round {r} preliminary result: {len(ids)} images from {ids[0]}")
     return {"images": len(ids), "skipped": False}
@@ -385,12 +398,15 @@ def pseudo_shard(run_dir: str, ids: list[str], round_index: int, key: str, cfg: 
     classes = store.classes()
     clf = store.read_classifier("proposal_classifier", round_index)["model"]
     mil_model = round_mil_model(store, round_index)
+    corrected = store.corrections().keys()
     # pixel counts summed over the shard: a result of the same size at any shard size (nothing per image)
     totals = {"pixels": 0, "changed_pixels": 0, "reverted_pixels": 0, "ignore_pixels": 0}
     # per class: the log label shares on the images tagged with it, summed (tasks.wsss.stopping's tag coverage)
     log_shares, tagged = np.zeros(classes.n), np.zeros(classes.n, np.int64)
+    review = []  # per image: the review queue's signals (tasks.labels.review)
     for rec in records_by_id(store.manifest(), ids):
-        label = pseudo_image(store, rec, round_index, clf, mil_model, classes, key, cfg, seed, mil_weight, foreground)
+        label = pseudo_image(store, rec, round_index, clf, mil_model, classes, key, cfg, seed, mil_weight, foreground,
+                             corrected)
         previous = store.pseudo(round_index - 1, rec.image_id) if round_index > 0 else \
             store.pseudo(0, rec.image_id, name="cam")
         before = (store.pseudo(round_index - 2, rec.image_id) if round_index > 1 else
@@ -402,6 +418,11 @@ def pseudo_shard(run_dir: str, ids: list[str], round_index: int, key: str, cfg: 
         totals["ignore_pixels"] += round(ignore_share(label) * n)
         ls, t = tag_log_shares(label, classes.tag_vector(rec.tags).nonzero()[0], classes.n)
         log_shares, tagged = log_shares + ls, tagged + t
+        object_tags = [c for c in (classes.index(x) for x in rec.tags) if c != classes.background]
+        review.append({"image_id": rec.image_id, "corrected": rec.image_id in corrected,
+                       **image_signals(label, store.prelim(round_index, rec.image_id, classes.n),
+                                       classes.tag_vector(rec.tags), previous, object_tags)})
+    store.write_review(round_index, store.shard_name(ids), review)
     result = {"images": len(ids), **totals, "tag_log_shares": log_shares.tolist(), "tagged": tagged.tolist()}
     store.mark_shard_done(round_index, "pseudo", store.shard_name(ids), result)
     run_log(f"round {round_index} pseudo-labels: {len(ids)} images from {ids[0]}, changed share "

@@ -76,10 +76,11 @@ def refresh_shard(run_dir: str, ids: list[str], round_index: int, key: str, conf
     # round 0 of a corpus whose tags carry no contrast: the class-agnostic foreground evidence
     fg_on = foreground_on(store, config)[0]
     foreground = (r == 0 or needs_cam) and fg_on
+    corrected = store.corrections().keys()
     for rec in recs:
         if cam_net is not None and not store.has_pseudo(0, rec.image_id, name="cam"):
-            preliminary_image(store, rec, 0, *cam_net, classes, key, config, foreground)
-        preliminary_image(store, rec, r, net, state, classes, key, config, foreground and r == 0)
+            preliminary_image(store, rec, 0, *cam_net, classes, key, config, foreground, corrected)
+        preliminary_image(store, rec, r, net, state, classes, key, config, foreground and r == 0, corrected)
     seconds["prelim"] = time.perf_counter() - t
     t = time.perf_counter()
     # 3., 5.-7. the round's proposal and MIL classifiers, filtering, fusion, seeded segmentation
@@ -87,7 +88,7 @@ def refresh_shard(run_dir: str, ids: list[str], round_index: int, key: str, conf
     mil_model = round_mil_model(store, r)
     for rec in recs:
         pseudo_image(store, rec, r, clf, mil_model, classes, key, config.proposals, config.seed,
-                     config.mil.prior_weight, config.foreground if fg_on else None)
+                     config.mil.prior_weight, config.foreground if fg_on else None, corrected)
     seconds["pseudo"] = time.perf_counter() - t
     run_log(f"refresh with round {r}'s models: {len(recs)} images from {recs[0].image_id}, "
             f"{sum(seconds.values()):.1f} s")

@@ -1,0 +1,168 @@
+"""A person's corrections in (`wsseg ingest --corrections`): a PNG folder is checked file by file
+(each refused file named, the others kept), a correction replaces an earlier one, and the rounds
+computed afterwards keep the corrected labels as they are (the true masks stand in for a person's
+corrections, so the answer is known)."""
+from __future__ import annotations
+
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+from PIL import Image
+
+from conftest import SAMPLE, TINY
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def _ingest(*argv):
+    return subprocess.run([sys.executable, "-m", "flows.cli", "ingest", *argv], cwd=ROOT, capture_output=True,
+                          text=True, timeout=300)
+
+
+def _png(path: Path, label: np.ndarray) -> Path:
+    im = Image.fromarray(label.astype(np.uint8), mode="P")
+    im.putpalette([v for i in range(256) for v in (i, i, i)])
+    im.save(path)
+    return path
+
+
+@pytest.mark.command("ingest")
+def test_png_corrections_are_checked_per_file_and_replace_earlier_ones(tmp_path, tiny_run):
+    from tasks.store import Store
+
+    run = shutil.copytree(tiny_run, tmp_path / "run", symlinks=True)
+    store = Store(run)
+    classes = store.classes()
+    recs = store.manifest()
+    a, b = recs[0], recs[1]
+    folder = tmp_path / "fixes"
+    folder.mkdir()
+    shutil.copy(SAMPLE / "masks" / f"{a.image_id}.png", folder)  # a person's correction: the true mask
+    truth_a = np.asarray(Image.open(SAMPLE / "masks" / f"{a.image_id}.png"))
+    _png(folder / "no_such_image.png", truth_a)
+    _png(folder / f"{b.image_id}.png", np.zeros((b.height // 2, b.width), np.uint8))  # wrong size
+    untagged = next(i for i, n in enumerate(classes.names) if n not in b.tags and i != classes.background)
+    wrong_class = np.full((b.height, b.width), 255, np.uint8)
+    wrong_class[:10, :10] = untagged
+    other = tmp_path / "more"
+    other.mkdir()
+    _png(other / f"{b.image_id}.png", wrong_class)
+    (other / f"{recs[2].image_id}.png").write_bytes(b"not a png at all")
+
+    res = _ingest("--run-dir", str(run), "--corrections", str(folder))
+    assert res.returncode == 1, res.stdout + res.stderr
+    errors = [line for line in res.stderr.splitlines() if line.startswith("wsseg: error:")]
+    assert len(errors) == 2, res.stderr
+    assert any("no_such_image.png" in e and "not in the corpus" in e for e in errors)
+    assert any(f"{b.image_id}.png" in e and f"{b.width}x{b.height}" in e for e in errors)
+    assert "stored 1 correction(s) (0 replacing earlier ones), refused 2; 1 corrected image(s)" in res.stdout
+    assert np.array_equal(store.correction(a.image_id), truth_a)
+    assert store.correction(b.image_id) is None
+    assert set(store.corrections()) == {a.image_id}
+
+    res = _ingest("--run-dir", str(run), "--corrections", str(other))
+    assert res.returncode == 1
+    assert f"class(es) {classes.names[untagged]} are not among image {b.image_id}'s tags" in res.stderr
+    assert f"{recs[2].image_id}.png: unreadable correction" in res.stderr
+    assert set(store.corrections()) == {a.image_id}  # nothing else lost
+
+    # a new correction of the same image replaces the old one
+    newer = truth_a.copy()
+    newer[:8, :8] = 255
+    again = tmp_path / "again"
+    again.mkdir()
+    _png(again / f"{a.image_id}.png", newer)
+    res = _ingest("--run-dir", str(run), "--corrections", str(again))
+    assert res.returncode == 0, res.stderr
+    assert "stored 1 correction(s) (1 replacing earlier ones), refused 0; 1 corrected image(s)" in res.stdout
+    assert np.array_equal(store.correction(a.image_id), newer)
+
+    # the png export's own layout and colours are read back as they were written
+    res = subprocess.run([sys.executable, "-m", "flows.cli", "export", "--run-dir", str(run), "--out",
+                          str(tmp_path / "voc"), "--no-images"], cwd=ROOT, capture_output=True, text=True, timeout=300)
+    assert res.returncode == 0, res.stderr
+    exported = tmp_path / "voc" / "VOCdevkit" / "VOC2012" / "SegmentationClass" / f"{b.image_id}.png"
+    rgb = tmp_path / "rgb"
+    rgb.mkdir()
+    Image.open(exported).convert("RGB").save(rgb / exported.name)  # as an editor that saves RGB would
+    res = _ingest("--run-dir", str(run), "--corrections", str(tmp_path / "voc"))
+    assert res.returncode == 0, res.stderr
+    res = _ingest("--run-dir", str(run), "--corrections", str(rgb))
+    assert res.returncode == 0, res.stderr
+    final = store.read_summary()["final_round"]
+    assert np.array_equal(store.correction(b.image_id), store.pseudo(final, b.image_id))
+
+
+@pytest.mark.command("ingest")
+def test_rounds_keep_corrected_labels_and_train_on_them(tmp_path, tiny_run, cluster, prefect_harness):
+    import torch
+
+    from flows.runtime import on_cluster
+    from flows.wsss import train_wsss
+    from tasks.config import WSSSConfig
+    from tasks.store import Store
+
+    run = shutil.copytree(tiny_run, tmp_path / "run", symlinks=True)
+    store = Store(run)
+    recs = store.manifest("train")
+    fixed = recs[:2]
+    folder = tmp_path / "fixes"
+    folder.mkdir()
+    for rec in fixed:
+        shutil.copy(SAMPLE / "masks" / f"{rec.image_id}.png", folder)
+    before = {rec.image_id: store.pseudo(0, rec.image_id) for rec in recs}
+    assert not all(np.array_equal(before[r.image_id], store.mask(r.image_id)) for r in fixed)
+    res = _ingest("--run-dir", str(run), "--corrections", str(folder))
+    assert res.returncode == 0, res.stderr
+
+    threads = torch.get_num_threads()
+    try:
+        torch.set_num_threads(2)
+        summary = on_cluster(train_wsss, cluster)(str(run), WSSSConfig.model_validate(TINY), cluster)
+    finally:
+        torch.set_num_threads(threads)
+    assert summary["corrected_images"] == 2
+    r = summary["final_round"]
+    assert store.read_round(r)["corrected_images"] == 2
+    assert store.round_inputs(r)["corrections"]["images"] == 2
+    for rec in fixed:  # kept as corrected, 255 included
+        assert np.array_equal(store.pseudo(r, rec.image_id), store.mask(rec.image_id)), rec.image_id
+        # and trained on: the preliminary result the MIL and proposal classifiers learn from is the correction
+        prelim = store.prelim(r, rec.image_id, store.classes().n).argmax(0)
+        known = store.mask(rec.image_id) != 255
+        assert np.array_equal(prelim[known], store.mask(rec.image_id)[known])
+    # the others were computed again with classifiers that saw the corrections
+    others = [rec for rec in recs if rec not in fixed]
+    assert any(not np.array_equal(store.pseudo(r, x.image_id), before[x.image_id]) for x in others)
+
+
+def test_trusted_images_keep_their_targets_through_mil():
+    """MIL reassigns each image's superpixel labels every iteration; a corrected (trusted) image's
+    stay those of its correction: with every image trusted nothing moves, in memory and streamed."""
+    from tasks.wsss.mil import refine, refine_streamed
+    from tasks.wsss.streaming import RowBuffer
+
+    rng = np.random.default_rng(0)
+    feats = [rng.normal(size=(30, 5)).astype(np.float32) for _ in range(4)]
+    allowed = [np.array([True, True, False])] * 4
+    areas = [np.ones(30, np.float32)] * 4
+    prelim = [rng.dirichlet([1, 1, 1], 30).astype(np.float32) for _ in range(4)]
+    kw = dict(iterations=3, hidden=0, epochs=3, seed=0)
+    free = refine(feats, prelim, allowed, areas, **kw)
+    assert free.changed[0] > 0.05  # random evidence: MIL moves labels of untrusted images
+    assert refine(feats, prelim, allowed, areas, **kw, trusted=[True] * 4).changed == [0.0, 0.0, 0.0]
+    some = refine(feats, prelim, allowed, areas, **kw, trusted=[True, True, False, False]).changed
+    assert 0 < some[0] < free.changed[0]
+
+    for trusted, moves in ((False, True), (True, False)):
+        with RowBuffer(40) as rows:  # 4 x 30 rows over a cap of 40: on disk, streamed
+            for x, p, t, a in zip(feats, prelim, allowed, areas):
+                rows.add({"x": x, "p": p, "a": a}, {"tags": t, "trusted": np.array(trusted)})
+            rows.finish()
+            assert not rows.resident
+            changed = refine_streamed(rows, **kw).changed
+        assert (changed[0] > 0.05) == moves and (changed == [0.0, 0.0, 0.0]) != moves
