@@ -243,10 +243,12 @@ def cmd_review(args) -> int:
     if not store.has_corpus():
         raise ValueError(f"{args.run}: no corpus here (run `wsseg ingest` and `wsseg train` first)")
     r = export_round(store, args.round)
+    if not store.review_rows(r):
+        print(f"round {r} was computed without the review queue: its signals are computed from the round's stored "
+              "labels once (and kept)", file=sys.stderr)
     res = review_table(store, r, top=args.top or None)
     if not res["images"]:
-        raise ValueError(f"{store.round_dir(r)}: round {r} recorded no review signals (computed by an older wsseg); "
-                         f"run `wsseg train --run-dir {args.run}` again to recompute it")
+        raise ValueError(f"{store.root}: round {r} holds no labels to review")
     if args.json:
         print(json.dumps(res))
         return 0

@@ -101,14 +101,38 @@ def image_iou(label: np.ndarray, mask: np.ndarray) -> float:
     return float(np.mean(ious)) if ious else float("nan")
 
 
-def review_table(store, r: int, *, top: int | None = None, measure: bool = True) -> dict:
+def backfill(store, r: int, progress=None) -> list[dict]:
+    """The review rows of a round computed by a wsseg without the review queue, from what the
+    round stored (its labels, its preliminary results, the labels of the round before or the CAM
+    labels), written beside the round (``review/backfill.parquet``) and returned."""
+    classes = store.classes()
+    corrected = store.corrections()
+    rows = []
+    for rec in store.manifest():
+        label = store.pseudo(r, rec.image_id)
+        if label is None:
+            continue
+        previous = store.pseudo(r - 1, rec.image_id) if r > 0 else store.pseudo(0, rec.image_id, name="cam")
+        object_tags = [c for c in (classes.index(x) for x in rec.tags) if c != classes.background]
+        rows.append({"image_id": rec.image_id, "corrected": rec.image_id in corrected,
+                     **image_signals(label, store.prelim(r, rec.image_id, classes.n), classes.tag_vector(rec.tags),
+                                     previous, object_tags)})
+        if progress is not None:
+            progress()
+    if rows:
+        store.write_review(r, "backfill", rows)
+    return rows
+
+
+def review_table(store, r: int, *, top: int | None = None, measure: bool = True, progress=None) -> dict:
     """Round ``r``'s review queue: its images sorted by score, highest first (``rows``: image id,
     score, the signals, ``corrected``), ``top`` of them when given. A corrected image's labels are
     a person's: it scores 0 and sorts last. With ``measure``, where the corpus has masks (for
     measuring only), each row's ``iou`` (:func:`image_iou`) and ``spearman``, the rank correlation
     between the score and the IoU over the uncorrected images with masks (a good queue: strongly
-    negative, the worst labels first)."""
-    rows = store.review_rows(r)
+    negative, the worst labels first). A round without review rows (an older wsseg's) gets them
+    from its stored arrays first (:func:`backfill`)."""
+    rows = store.review_rows(r) or backfill(store, r, progress)
     if not rows:
         return {"round": r, "rows": [], "images": 0, "spearman": None}
     open_rows = [x for x in rows if not x.get("corrected")]
