@@ -11,9 +11,16 @@
   class present in an image, its mask as compressed RLE (pycocotools), its area and box;
   categories are the class list (``id`` = class index + 1); ignored pixels carry no
   annotation. ``OUT/images/<id>.jpg`` beside it (unless ``images=False``).
+* ``labelstudio``: ``OUT/tasks.json``, one Label Studio task per image with the labels as a
+  prediction (one brush per class present, Label Studio's brush RLE; ignored pixels carry none),
+  ``OUT/labeling_config.xml`` (the project's labelling interface: a brush label per class in the
+  VOC colours) and ``OUT/images/<id>.jpg``, which the tasks name by Label Studio's local-files URL
+  with ``OUT`` as the document root (:mod:`tasks.labels.labelstudio`, whose ``read_export`` reads
+  a project's JSON export back).
 
-Both stream: one image's labels are held at a time, the COCO file's images and annotations are
-written to two scratch files and joined at the end, so memory does not grow with the corpus.
+All stream: one image's labels are held at a time, the COCO file's images and annotations are
+written to two scratch files and joined at the end, Label Studio's tasks are written one a line,
+so memory does not grow with the corpus.
 Every export names the round and the run's configuration digest (``export.json``, and the
 COCO file's ``info``). It is written to ``OUT.partial`` and renamed to ``OUT`` when complete:
 an export cut short is never taken for a whole one.
@@ -29,11 +36,11 @@ from typing import Callable, Iterator
 
 import numpy as np
 
+from tasks.labels.formats import FORMATS
 from tasks.runtime.progress import Progress
 from tasks.store import ImageRecord, Store, params_key
 from tasks.store.files import palette, write_jpeg, write_palette_png
 
-FORMATS = ("png", "coco")
 IGNORE = 255
 #: where the VOC layout lies under the export folder (torchvision's ``VOCSegmentation(root)``)
 VOC_DIR = Path("VOCdevkit") / "VOC2012"
@@ -161,6 +168,20 @@ def _write_coco(store: Store, r: int, records: list[ImageRecord], missing: list[
     return {"file": "labels.json", "images": k, "annotations": n_ann, "categories": len(categories)}
 
 
+def _write_labelstudio(store: Store, r: int, records: list[ImageRecord], missing: list[ImageRecord], dest: Path,
+                      images: bool, info: dict, advance: Callable[[], None]) -> dict:
+    from tasks.labels.labelstudio import HOW_TO_OPEN, write_tasks
+
+    classes = store.classes()
+    pal = palette(max(3, classes.n))  # the colours of the png export
+    colours = [tuple(pal[3 * i: 3 * i + 3]) for i in range(classes.n)]
+    version = f"wsseg round {r} {info['config_digest']}"
+    labels = ((rec.image_id, label) for rec, label in _labels(store, r, records, missing, advance))
+    written = write_tasks(labels, dest, list(classes.names), colours, version,
+                          (lambda i, path: write_jpeg(path, store.image(i))) if images else None)
+    return written | {"open_with": HOW_TO_OPEN.format(out=Path(info["out"]).resolve())}
+
+
 def export_labels(store: Store, out: str | os.PathLike, *, which: str | int = "final", fmt: str = "png",
                   images: bool = True, force: bool = False) -> dict:
     """Export round ``which``'s pseudo-labels of every image that has them to folder ``out`` in
@@ -201,8 +222,11 @@ def export_labels(store: Store, out: str | os.PathLike, *, which: str | int = "f
     try:
         if fmt == "png":
             written = _write_voc(store, r, records, missing, partial, images, advance)
-        else:
+        elif fmt == "coco":
             written = _write_coco(store, r, records, missing, partial, images, info, advance)
+        else:
+            written = _write_labelstudio(store, r, records, missing, partial, images, info | {"out": str(out)},
+                                         advance)
         if seen % step:
             prog.advance(seen % step)
         if not written["images"]:
