@@ -4,7 +4,7 @@ VENV   ?= .venv
 BIN     = $(VENV)/bin
 STAMP   = $(VENV)/.installed
 
-.PHONY: demo test install browser clean
+.PHONY: demo test install browser labelstudio clean
 
 $(STAMP): pyproject.toml requirements.lock
 	$(PYTHON) -m venv $(VENV)
@@ -32,7 +32,20 @@ browser:
 	  then echo "chromium installed"; \
 	  else echo "could not install chromium (needs apt-get as root): tests/test_ui.py will fail" >&2; fi; }
 
-test: $(STAMP) browser
+# a real Label Studio for tests/test_labelstudio.py (the `export --format labelstudio` round trip),
+# in a virtual environment of its own: its Django pins would clash with wsseg's
+LS_VENV  ?= .venv-labelstudio
+LS_STAMP  = $(LS_VENV)/.installed
+
+$(LS_STAMP):
+	$(PYTHON) -m venv $(LS_VENV)
+	$(LS_VENV)/bin/pip install --quiet --upgrade pip
+	$(LS_VENV)/bin/pip install --quiet label-studio==1.23.2
+	touch $(LS_STAMP)
+
+labelstudio: $(LS_STAMP)
+
+test: $(STAMP) browser $(LS_STAMP)
 	$(BIN)/python -m pytest -q
 
 clean:
