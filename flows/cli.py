@@ -148,7 +148,7 @@ def parser() -> argparse.ArgumentParser:
     storage_args(p)
     p.set_defaults(func=cmd_status)
 
-    p = sub.add_parser("export", help="a round's pseudo-labels as VOC-style PNGs or a COCO JSON",
+    p = sub.add_parser("export", help="a round's pseudo-labels as VOC-style PNGs, a COCO JSON or Label Studio tasks",
                        description="Write a finished round's pseudo-labels (the final round by default) as the "
                                    "files other tools train on or show: png, the PASCAL VOC 2012 layout under "
                                    "OUT/VOCdevkit/VOC2012 (palette PNGs of class indices, 255 = ignore, with the "
@@ -168,6 +168,9 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--no-images", dest="images", action="store_false",
                    help="leave the images out (labels, class list and split lists only)")
     p.add_argument("--force", action="store_true", help="replace an earlier export in --out")
+    p.add_argument("--review", type=int, default=None, metavar="N",
+                   help="export only the N images at the top of the round's review queue (`wsseg review`: the "
+                        "labels most likely wrong), e.g. to correct them in Label Studio")
     p.add_argument("--json", action="store_true", help="print the result as one JSON object (for scripts)")
     p.set_defaults(func=cmd_export)
 

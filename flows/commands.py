@@ -212,20 +212,25 @@ def cmd_export(args) -> int:
     store.check_reachable()
     if not (store.exists() if store.remote else store.root.is_dir()):
         raise ValueError(f"{args.run}: no such run directory")
-    res = export_labels(store, args.out, which=args.round, fmt=args.fmt, images=args.images, force=args.force)
+    res = export_labels(store, args.out, which=args.round, fmt=args.fmt, images=args.images, force=args.force,
+                        review=args.review)
     if args.json:
         print(json.dumps(res))
         return 0
     where = Path(res["out"]) / (res["layout"] if args.fmt == "png" else res["file"])
-    print(f"exported round {res['round']}'s labels of {res['images']} images ({args.fmt}"
+    which = f" (the review queue's top {args.review})" if args.review is not None else ""
+    print(f"exported round {res['round']}'s labels of {res['images']} images{which} ({args.fmt}"
           f"{', with the images' if res['with_images'] else ''}; configuration {res['config_digest']}) to {where}")
     if args.fmt == "png":
         print("  splits: " + ", ".join(f"{k} {v}" for k, v in res["splits"].items()) +
               f"; torchvision: VOCSegmentation({res['out']!r}, image_set='trainval'); mmsegmentation: "
               f"data_root={str(where)!r}")
-    else:
+    elif args.fmt == "coco":
         print(f"  {res['annotations']} annotations (one per class present in an image), {res['categories']} "
               f"categories; pycocotools: COCO({str(where)!r})")
+    else:
+        print(f"  {res['annotations']} brush predictions (one per class present in an image); {res['open_with']}")
+        print("  then `wsseg ingest --run-dir RUN --corrections <the project's JSON export>` takes the corrections in")
     if res["images_without_labels"]:
         print(f"  {res['images_without_labels']} image(s) of the corpus have no labels in round {res['round']} "
               f"(split(s) {', '.join(res['missing_splits'])}: the rounds label the tagged split; "

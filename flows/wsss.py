@@ -29,7 +29,7 @@ from tasks.corpus import resume
 from tasks.corpus.encoders import with_weight_digests
 from tasks.corpus.tags import contrast_warnings
 from tasks.report.figures import overlay_grid, pick_overlay_records
-from tasks.labels.corrections import corrections_digest
+from tasks.labels.corrections import corrections_entry
 from tasks.labels.review import SIGNALS, review_table
 from tasks.runtime.progress import Progress
 from tasks.runtime.tracking import Tracker
@@ -274,13 +274,6 @@ def refresh_round(run_dir: str, round_index: int, config: WSSSConfig, feature_ke
                             | ({"tag_coverage": decision.coverage} if decision.coverage is not None else {}), step=r)
     store.write_round(r, summary)
     return summary
-
-
-def corrections_entry(store: Store, records: list[ImageRecord]) -> dict | None:
-    """The corrections of ``records`` as a round's input (count and digest), None without any."""
-    ids = {rec.image_id for rec in records}
-    index = {k: v for k, v in store.corrections().items() if k in ids}
-    return {"images": len(index), "digest": corrections_digest(index)} if index else None
 
 
 def keep_round_inputs(store: Store, r: int, inputs: dict) -> None:

@@ -118,6 +118,10 @@ def test_rounds_keep_corrected_labels_and_train_on_them(tmp_path, tiny_run, clus
     assert not all(np.array_equal(before[r.image_id], store.mask(r.image_id)) for r in fixed)
     res = _ingest("--run-dir", str(run), "--corrections", str(folder))
     assert res.returncode == 0, res.stderr
+    status = subprocess.run([sys.executable, "-m", "flows.cli", "status", str(run)], cwd=ROOT, capture_output=True,
+                            text=True, timeout=120)
+    assert "2 image(s) corrected by a person" in status.stdout, status.stdout
+    assert "the corrections (0 -> 2 corrected images)" in status.stdout  # `wsseg train` recomputes the rounds
 
     threads = torch.get_num_threads()
     try:

@@ -79,6 +79,16 @@ def test_review_lists_every_image_of_the_round_worst_first(tmp_path, tiny_run):
     assert out["rows"][0]["image_id"] in res.stdout and "Spearman" in res.stdout
     assert out["rows"][-1]["image_id"] not in res.stdout or len(train) <= 2
 
+    # `wsseg export --review N`: the top N of the queue, nothing else
+    res = subprocess.run([sys.executable, "-m", "flows.cli", "export", "--run-dir", str(tiny_run), "--review", "2",
+                          "--no-images", "--out", str(tmp_path / "top2")], cwd=ROOT, capture_output=True, text=True,
+                         timeout=300)
+    assert res.returncode == 0, res.stderr
+    assert "labels of 2 images (the review queue's top 2)" in res.stdout
+    listed = (tmp_path / "top2" / "VOCdevkit" / "VOC2012" / "ImageSets" / "Segmentation" / "trainval.txt").read_text()
+    assert listed.split() == [x["image_id"] for x in out["rows"][:2]]
+    assert json.loads((tmp_path / "top2" / "export.json").read_text())["review_top"] == 2
+
     res = _review("--run-dir", str(tiny_run), "--round", "7")
     assert res.returncode == 2 and res.stderr.strip().splitlines()[-1] == \
         f"wsseg: error: {tiny_run}: round 7 has no finished labels (finished rounds: {final})"

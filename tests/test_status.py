@@ -31,7 +31,8 @@ def _store(tmp_path) -> Store:
 def test_status_of_a_run_in_progress(tmp_path):
     store = _store(tmp_path)
     st = run_status(store)
-    assert st["corpus"] == {"images": 4, "classes": 2, "splits": {"train": 3, "val": 1}, "implicit_background": None}
+    assert st["corpus"] == {"images": 4, "classes": 2, "splits": {"train": 3, "val": 1}, "implicit_background": None,
+                            "corrected": 0}
     assert [r["round"] for r in st["rounds"]] == [0] and st["rounds"][0]["pseudo_label_miou"] == 0.5
     assert st["in_progress"] == {"round": 1, "shards": 2, "done": {"prelim": 1, "pseudo": 0},
                                  "pending": {"prelim": 1, "pseudo": 2}, "model_trained": False}

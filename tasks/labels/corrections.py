@@ -190,6 +190,13 @@ def corrections_digest(index: dict[str, dict]) -> str | None:
     return h.hexdigest()[:16]
 
 
+def corrections_entry(store: Store, records: list[ImageRecord]) -> dict | None:
+    """The corrections of ``records`` as a round's input (count and digest), None without any."""
+    ids = {rec.image_id for rec in records}
+    index = {k: v for k, v in store.corrections().items() if k in ids}
+    return {"images": len(index), "digest": corrections_digest(index)} if index else None
+
+
 def remap_corrections(store: Store, before: ClassSpec, now: ClassSpec) -> list[str]:
     """After the class list changed from ``before`` to ``now``: each correction's class indices
     moved to the new list by name; corrections with a class no longer listed are dropped

@@ -183,9 +183,11 @@ def _write_labelstudio(store: Store, r: int, records: list[ImageRecord], missing
 
 
 def export_labels(store: Store, out: str | os.PathLike, *, which: str | int = "final", fmt: str = "png",
-                  images: bool = True, force: bool = False) -> dict:
+                  images: bool = True, force: bool = False, review: int | None = None) -> dict:
     """Export round ``which``'s pseudo-labels of every image that has them to folder ``out`` in
     format ``fmt`` (see the module's docstring); returns what was written (also ``out/export.json``).
+    ``review``: only the ``review`` images at the top of the round's review queue
+    (:func:`tasks.labels.review.review_table`: the labels most likely wrong), in queue order.
 
     Raises :class:`ExportError` (one line) for a run without a corpus, a round that is not finished,
     an unknown format, or an ``out`` that exists and is not an earlier export (``force`` replaces an
@@ -202,8 +204,18 @@ def export_labels(store: Store, out: str | os.PathLike, *, which: str | int = "f
         if not force:
             raise ExportError(f"{out}: holds an earlier export; --force replaces it")
     records, missing = store.manifest(), []
+    if review is not None:
+        from tasks.labels.review import review_table
+
+        if review < 1:
+            raise ExportError(f"--review {review}: give how many of the review queue's top images to export (1 or more)")
+        queue = [x["image_id"] for x in review_table(store, r, top=review, measure=False)["rows"]]
+        by_id = {rec.image_id: rec for rec in records}
+        records = [by_id[i] for i in queue if i in by_id]
     digest = config_digest(store)
-    info = {"description": f"wsseg pseudo-labels of round {r}", "run_dir": str(store.root), "round": r,
+    info = {"description": f"wsseg pseudo-labels of round {r}" + (f", the review queue's top {review}"
+                                                                  if review is not None else ""),
+            "run_dir": str(store.root), "round": r, "review_top": review,
             "config_digest": digest, "format": fmt,
             "date_created": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds")}
     partial = out.with_name(out.name + ".partial")

@@ -30,6 +30,7 @@ def _refresh_state(store: Store, config: dict, finished: list[int]) -> dict:
     them), looked up only when the corpus changed since the round."""
     from tasks.config import WSSSConfig
     from tasks.corpus.resume import round_inputs, what_changed
+    from tasks.labels.corrections import corrections_entry
 
     out: dict = {"refresh": store.read_json("refresh"), "stale": [], "refresh_pending": None}
     if not finished:
@@ -41,7 +42,8 @@ def _refresh_state(store: Store, config: dict, finished: list[int]) -> dict:
         return out
     records = store.manifest(cfg.split)
     recorded = store.round_inputs(r)
-    out["stale"] = what_changed(recorded, round_inputs(store.classes(), records, cfg))
+    out["stale"] = what_changed(recorded, round_inputs(store.classes(), records, cfg,
+                                                       corrections_entry(store, records)))
     if out["stale"]:
         pending = sum(not store.has_pseudo(r, rec.image_id) for rec in records)
         out["refresh_pending"] = {"round": r, "images": pending} if pending else None
@@ -65,7 +67,7 @@ def run_status(store: Store) -> dict:
     classes = store.classes()
     out["corpus"] = {"images": len(records), "classes": len(classes.names), "splits": splits,
                      "implicit_background": classes.names[classes.background] if classes.background is not None
-                     else None}
+                     else None, "corrected": len(store.corrections())}
     config = store.read_config() or {}
     finished = store.finished_rounds()
     for r in finished:
@@ -102,7 +104,8 @@ def format_status(st: dict) -> str:
     c = st["corpus"]
     lines.append("corpus: none (run `wsseg ingest`)" if c is None else
                  f"corpus: {c['images']} images, {c['classes']} classes, splits {c['splits']}, implicit background "
-                 f"{c['implicit_background']}")
+                 f"{c['implicit_background']}" + (f"; {c['corrected']} image(s) corrected by a person (wsseg ingest "
+                                                  "--corrections)" if c.get("corrected") else ""))
     for r in st["rounds"]:
         f = lambda v: "-" if v is None else f"{v:.3f}"  # noqa: E731
         lines.append(f"round {r['round']}: pseudo-label mIoU {f(r['pseudo_label_miou'])}, changed "
