@@ -170,3 +170,42 @@ def test_trusted_images_keep_their_targets_through_mil():
             assert not rows.resident
             changed = refine_streamed(rows, **kw).changed
         assert (changed[0] > 0.05) == moves and (changed == [0.0, 0.0, 0.0]) != moves
+
+
+@pytest.mark.command("bench corrections")
+def test_bench_corrections_queue_against_random(tmp_path, tiny_run, cluster, prefect_harness):
+    """Two of the six images corrected (their masks), picked by the review queue and at random:
+    each pick's run keeps the picked masks as its labels, the main run is left without corrections,
+    and the table compares both with the run before."""
+    import argparse
+    import json
+
+    from flows.cli_bench import add_bench_corrections_parser, cmd_bench_corrections
+    from tasks.labels.review import review_table
+    from tasks.store import Store
+
+    run = shutil.copytree(tiny_run, tmp_path / "run", symlinks=True)
+    ap = argparse.ArgumentParser()
+    bench = ap.add_subparsers(dest="cmd").add_parser("bench").add_subparsers(dest="bench")
+    add_bench_corrections_parser(bench)
+    out = tmp_path / "res" / "c.json"
+    args = ap.parse_args(["bench", "corrections", "--run-dir", str(run), "--share", "0.34", "--seeds", "1",
+                          "--dask-address", cluster, "--out", str(out)])
+    assert args.func is cmd_bench_corrections and args.func(args) == 0
+
+    store = Store(run)
+    res = json.loads(out.read_text())
+    assert res["images"] == 6 and res["corrected_per_variant"] == 2 and set(res["variants"]) == {"queue", "random-0"}
+    queue = [x["image_id"] for x in review_table(store, store.read_summary()["final_round"], measure=False)["rows"]]
+    assert res["variants"]["queue"]["images"] == queue[:2]
+    assert res["review_spearman"] is not None and -1 <= res["review_spearman"] <= 1
+    for name, v in res["variants"].items():
+        vstore = Store(v["run_dir"])
+        assert set(vstore.corrections()) == set(v["images"])
+        for iid in v["images"]:  # the picked images' labels are their masks
+            assert np.array_equal(vstore.pseudo(v["final_round"], iid), store.mask(iid)), (name, iid)
+        assert all(0.0 <= v[k] <= 1.0 for k in ("others_miou", "others_miou_before", "corpus_miou", "model_miou"))
+    assert store.corrections() == {}  # the main run is left as it was
+    table = out.with_suffix(".md").read_text()
+    for row in ("| none | 0 |", "| queue | 2 |", "| random-0 | 2 |", "| random (mean of 1) | 2 |"):
+        assert row in table
