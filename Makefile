@@ -37,10 +37,11 @@ browser:
 LS_VENV  ?= .venv-labelstudio
 LS_STAMP  = $(LS_VENV)/.installed
 
-$(LS_STAMP):
+$(LS_STAMP): requirements-labelstudio.lock
 	$(PYTHON) -m venv $(LS_VENV)
 	$(LS_VENV)/bin/pip install --quiet --upgrade pip
-	$(LS_VENV)/bin/pip install --quiet label-studio==1.23.2
+	# label-studio==1.23.2 and what it needs, pinned as tested (pip freeze of that venv)
+	$(LS_VENV)/bin/pip install --quiet -r requirements-labelstudio.lock
 	touch $(LS_STAMP)
 
 labelstudio: $(LS_STAMP)
