@@ -218,8 +218,8 @@ def cmd_export(args) -> int:
         print(json.dumps(res))
         return 0
     where = Path(res["out"]) / (res["layout"] if args.fmt == "png" else res["file"])
-    which = f" (the review queue's top {args.review})" if args.review is not None else ""
-    print(f"exported round {res['round']}'s labels of {res['images']} images{which} ({args.fmt}"
+    which = f"the review queue's top {res['images']}" if args.review is not None else str(res["images"])
+    print(f"exported round {res['round']}'s labels of {which} images ({args.fmt}"
           f"{', with the images' if res['with_images'] else ''}; configuration {res['config_digest']}) to {where}")
     if args.fmt == "png":
         print("  splits: " + ", ".join(f"{k} {v}" for k, v in res["splits"].items()) +

@@ -84,7 +84,7 @@ def test_review_lists_every_image_of_the_round_worst_first(tmp_path, tiny_run):
                           "--no-images", "--out", str(tmp_path / "top2")], cwd=ROOT, capture_output=True, text=True,
                          timeout=300)
     assert res.returncode == 0, res.stderr
-    assert "labels of 2 images (the review queue's top 2)" in res.stdout
+    assert "labels of the review queue's top 2 images (png" in res.stdout
     listed = (tmp_path / "top2" / "VOCdevkit" / "VOC2012" / "ImageSets" / "Segmentation" / "trainval.txt").read_text()
     assert listed.split() == [x["image_id"] for x in out["rows"][:2]]
     assert json.loads((tmp_path / "top2" / "export.json").read_text())["review_top"] == 2
