@@ -52,6 +52,9 @@ def test_png_corrections_are_checked_per_file_and_replace_earlier_ones(tmp_path,
     other.mkdir()
     _png(other / f"{b.image_id}.png", wrong_class)
     (other / f"{recs[2].image_id}.png").write_bytes(b"not a png at all")
+    no_class = np.full((recs[3].height, recs[3].width), 255, np.uint8)
+    no_class[:4, :4] = 200  # no class has this index
+    _png(other / f"{recs[3].image_id}.png", no_class)
 
     res = _ingest("--run-dir", str(run), "--corrections", str(folder))
     assert res.returncode == 1, res.stdout + res.stderr
@@ -68,6 +71,8 @@ def test_png_corrections_are_checked_per_file_and_replace_earlier_ones(tmp_path,
     assert res.returncode == 1
     assert f"class(es) {classes.names[untagged]} are not among image {b.image_id}'s tags" in res.stderr
     assert f"{recs[2].image_id}.png: unreadable correction" in res.stderr
+    assert f"{recs[3].image_id}.png: value(s) [200] are no class index of the {classes.n} classes" in res.stderr
+    assert res.stderr.count("wsseg: error:") == 3
     assert set(store.corrections()) == {a.image_id}  # nothing else lost
 
     # a new correction of the same image replaces the old one
@@ -139,6 +144,18 @@ def test_rounds_keep_corrected_labels_and_train_on_them(tmp_path, tiny_run, clus
         prelim = store.prelim(r, rec.image_id, store.classes().n).argmax(0)
         known = store.mask(rec.image_id) != 255
         assert np.array_equal(prelim[known], store.mask(rec.image_id)[known])
+    # the round's Prefect artifact shows the review queue: uncorrected images first, corrected ones last
+    from prefect.client.orchestration import get_client
+    from prefect.client.schemas.filters import ArtifactFilter, ArtifactFilterKey
+
+    from tasks.labels.review import review_table
+
+    queue = review_table(store, r, top=10, measure=False)["rows"]
+    assert [x["image_id"] for x in queue[-2:]] == sorted(x.image_id for x in fixed)
+    with get_client(sync_client=True) as client:
+        arts = client.read_artifacts(artifact_filter=ArtifactFilter(key=ArtifactFilterKey(any_=[f"review-{r}"])))
+    art = max(arts, key=lambda a: a.created).data
+    assert queue[0]["image_id"] in art and "disagreement" in art and f"wsseg review --run-dir {run}" in art
     # the others were computed again with classifiers that saw the corrections
     others = [rec for rec in recs if rec not in fixed]
     assert any(not np.array_equal(store.pseudo(r, x.image_id), before[x.image_id]) for x in others)
