@@ -24,7 +24,7 @@ from pathlib import Path
 from flows.cli_bench import (add_bench_quality_parser, add_bench_highres_parser, add_bench_train_parser,
                              add_bench_pipeline_parser, add_bench_corrections_parser)
 from flows.cli_common import (DEFAULT_RUN_DIR, version_text, common_args, storage_args, apply_storage_args,
-                              config_args, build_config, DEMO_CONFIG, register_arg)
+                              config_args, build_config, DEMO_CONFIG, register_arg, reader_args)
 from tasks.labels.formats import FORMATS as EXPORT_FORMATS
 from flows.commands import (cmd_ingest, cmd_refresh, cmd_train, cmd_demo, cmd_evaluate, cmd_export, cmd_review, cmd_status,
                             cmd_ui, add_segment_parser)
@@ -154,14 +154,11 @@ def parser() -> argparse.ArgumentParser:
                                    "OUT/VOCdevkit/VOC2012 (palette PNGs of class indices, 255 = ignore, with the "
                                    "images and the split lists: torchvision's VOCSegmentation and mmsegmentation "
                                    "read it); coco, OUT/labels.json with one RLE mask per class present in each "
-                                   "image (the COCO-stuff layout, pycocotools reads it). Streams image by image; "
-                                   "names the round and the run's configuration digest in OUT/export.json.")
-    # dest "run", as `status`'s: a command that only reads creates no run directory (flows.runtime.prepare)
-    p.add_argument("--run-dir", dest="run", default=DEFAULT_RUN_DIR,
-                   help=f"the run directory, or an fsspec URL (default: {DEFAULT_RUN_DIR})")
-    storage_args(p, state=False)
-    p.add_argument("--round", default="final", help="'final' (the finished run's final round, the default) or a "
-                                                     "round number whose labels are finished")
+                                   "image (the COCO-stuff layout, pycocotools reads it); labelstudio, Label Studio "
+                                   "tasks with the labels as brush predictions and the project's labelling "
+                                   "configuration. Streams image by image; names the round and the run's "
+                                   "configuration digest in OUT/export.json.")
+    reader_args(p, "'final' (the finished run's final round, the default) or a round number whose labels are finished")
     p.add_argument("--format", choices=EXPORT_FORMATS, default="png", dest="fmt",
                    help="; ".join(f"{k}: {v}" for k, v in EXPORT_FORMATS.items()) + " (default png)")
     p.add_argument("--out", required=True, help="folder to write (new or empty; an earlier export needs --force)")
@@ -171,7 +168,6 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--review", type=int, default=None, metavar="N",
                    help="export only the N images at the top of the round's review queue (`wsseg review`: the "
                         "labels most likely wrong), e.g. to correct them in Label Studio")
-    p.add_argument("--json", action="store_true", help="print the result as one JSON object (for scripts)")
     p.set_defaults(func=cmd_export)
 
     p = sub.add_parser("review", help="the images whose labels are most likely wrong, worst first",
@@ -182,12 +178,8 @@ def parser() -> argparse.ArgumentParser:
                                    "and the share of tags left without pixels), highest first. Where the corpus "
                                    "has masks the table adds each image's true IoU and the Spearman correlation "
                                    "(measuring only). `wsseg export --review N` exports the top N.")
-    p.add_argument("--run-dir", dest="run", default=DEFAULT_RUN_DIR,
-                   help=f"the run directory, or an fsspec URL (default: {DEFAULT_RUN_DIR})")
-    storage_args(p, state=False)
-    p.add_argument("--round", default="final", help="'final' (the default) or a finished round's number")
+    reader_args(p, "'final' (the default) or a finished round's number")
     p.add_argument("--top", type=int, default=20, help="rows to show (default 20; 0: every image)")
-    p.add_argument("--json", action="store_true", help="print the queue as one JSON object (for scripts)")
     p.set_defaults(func=cmd_review)
 
     bench = sub.add_parser("bench", help="benchmarks that print and write figures").add_subparsers(

@@ -7,7 +7,7 @@ import json
 import sys
 from pathlib import Path
 
-from flows.cli_common import (SAMPLE, common_args, config_args, build_config)
+from flows.cli_common import (SAMPLE, common_args, config_args, build_config, print_result)
 
 
 # ---------------------------------------------------------------------------- bench quality (parser)
@@ -258,13 +258,7 @@ def cmd_bench_pipeline(args) -> int:
         res = bench_pipeline(str(args.data), str(run), sizes, workers, str(out), config, sample=args.sample,
                              listing_k=args.listing_k, seed=args.seed, source_split=args.source_split,
                              cases=args.cases)
-    if args.json:
-        print(json.dumps(res, default=str))
-        return 0
-    print()
-    print(format_summary(res))
-    print(out)
-    return 0
+    return print_result(args, res, format_summary(res), out)
 
 
 def add_bench_pipeline_parser(bench) -> argparse.ArgumentParser:
@@ -333,13 +327,7 @@ def cmd_bench_corrections(args) -> int:
     with dask_cluster(args.dask_address, args.workers, run) as address:
         res = on_cluster(bench_corrections, address)(str(run), str(out), share=args.share, seeds=args.seeds,
                                                      eval_split=args.eval_split, dask_address=address)
-    if args.json:
-        print(json.dumps(res, default=str))
-        return 0
-    print()
-    print(markdown(res))
-    print(out)
-    return 0
+    return print_result(args, res, markdown(res), out)
 
 
 def add_bench_corrections_parser(bench) -> argparse.ArgumentParser:

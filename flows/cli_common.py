@@ -35,6 +35,31 @@ def common_args(p: argparse.ArgumentParser, default_run: str = DEFAULT_RUN_DIR) 
     p.add_argument("--verbose", action="store_true", help="show Prefect's own log lines")
 
 
+def reader_args(p: argparse.ArgumentParser, round_help: str) -> None:
+    """The options of a command that only reads a finished round (``export``, ``review``):
+    --run-dir (dest ``run``, as ``status``'s: such a command creates no run directory, see
+    :func:`flows.runtime.prepare`), the storage options, --round and --json."""
+    p.add_argument("--run-dir", dest="run", default=DEFAULT_RUN_DIR,
+                   help=f"the run directory, or an fsspec URL (default: {DEFAULT_RUN_DIR})")
+    storage_args(p, state=False)
+    p.add_argument("--round", default="final", help=round_help)
+    p.add_argument("--json", action="store_true", help="print the result as one JSON object (for scripts)")
+
+
+def print_result(args, res: dict, text: str, out=None) -> int:
+    """A command's result: one JSON object with --json, else ``text`` (and the file ``out``)."""
+    import json
+
+    if getattr(args, "json", False):
+        print(json.dumps(res, default=str))
+        return 0
+    print()
+    print(text)
+    if out is not None:
+        print(out)
+    return 0
+
+
 def storage_args(p: argparse.ArgumentParser, state: bool = True) -> None:
     """--storage-option and --state-dir: a run directory on object storage (tasks.store.remote)."""
     p.add_argument("--storage-option", dest="storage_options", action="append", default=[], metavar="KEY=VALUE",

@@ -268,18 +268,19 @@ def image_pseudo_label(image: np.ndarray, f: ImageFeatures, prelim: np.ndarray, 
 
 def pseudo_image(store: Store, rec: ImageRecord, r: int, clf, mil_model, classes: ClassSpec, key: str, cfg: ProposalConfig,
                  seed: int, mil_weight: float = 0.0, foreground: ForegroundConfig | None = None,
-                 corrected: Collection[str] = ()) -> np.ndarray:
+                 corrected: Collection[str] = (), prelim: np.ndarray | None = None) -> np.ndarray:
     """Steps 5-7 for one image with round ``r``'s proposal classifier ``clf`` and MIL classifier
     (``mil_model``, None when the round has none): its (H, W) uint8 pseudo-label, also written to
     the store. ``foreground``: the run's foreground settings when its foreground path is on
     (:func:`foreground_on`), else None. An image in ``corrected`` (:meth:`Store.corrections`)
-    keeps its correction: nothing is computed, no round overwrites it."""
+    keeps its correction: nothing is computed, no round overwrites it. ``prelim``: the image's
+    preliminary result of round ``r`` when the caller has read it already."""
     if rec.image_id in corrected:
         label = store.correction(rec.image_id)
         store.write_pseudo(r, rec.image_id, label)
         return label
     label = image_pseudo_label(store.image(rec.image_id), load_features(store, rec, key),
-                               store.prelim(r, rec.image_id, classes.n), clf, mil_model,
+                               store.prelim(r, rec.image_id, classes.n) if prelim is None else prelim, clf, mil_model,
                                classes.tag_vector(rec.tags), classes, rec.tags, cfg, seed, mil_weight, foreground)
     store.write_pseudo(r, rec.image_id, label)
     return label
@@ -405,8 +406,9 @@ def pseudo_shard(run_dir: str, ids: list[str], round_index: int, key: str, cfg: 
     log_shares, tagged = np.zeros(classes.n), np.zeros(classes.n, np.int64)
     review = []  # per image: the review queue's signals (tasks.labels.review)
     for rec in records_by_id(store.manifest(), ids):
+        prelim = store.prelim(round_index, rec.image_id, classes.n)  # read once: the label and the review signals
         label = pseudo_image(store, rec, round_index, clf, mil_model, classes, key, cfg, seed, mil_weight, foreground,
-                             corrected)
+                             corrected, prelim)
         previous = store.pseudo(round_index - 1, rec.image_id) if round_index > 0 else \
             store.pseudo(0, rec.image_id, name="cam")
         before = (store.pseudo(round_index - 2, rec.image_id) if round_index > 1 else
@@ -420,8 +422,7 @@ def pseudo_shard(run_dir: str, ids: list[str], round_index: int, key: str, cfg: 
         log_shares, tagged = log_shares + ls, tagged + t
         object_tags = [c for c in (classes.index(x) for x in rec.tags) if c != classes.background]
         review.append({"image_id": rec.image_id, "corrected": rec.image_id in corrected,
-                       **image_signals(label, store.prelim(round_index, rec.image_id, classes.n),
-                                       classes.tag_vector(rec.tags), previous, object_tags)})
+                       **image_signals(label, prelim, classes.tag_vector(rec.tags), previous, object_tags)})
     store.write_review(round_index, store.shard_name(ids), review)
     result = {"images": len(ids), **totals, "tag_log_shares": log_shares.tolist(), "tagged": tagged.tolist()}
     store.mark_shard_done(round_index, "pseudo", store.shard_name(ids), result)
