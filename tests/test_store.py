@@ -5,7 +5,7 @@ import numpy as np
 import pytest
 import scipy.sparse as sp
 
-from tasks.store import ClassSpec, ImageRecord, Store, arrays_to_sparse, params_key, sparse_to_arrays
+from tasks.store import ClassSpec, ImageRecord, Store, arrays_to_sparse, packs, params_key, sparse_to_arrays
 
 
 def _rec(iid, tags=("grass",), split="train"):
@@ -35,15 +35,28 @@ def test_image_and_mask_round_trip(tmp_path):
         store.image("missing")
 
 
+def _legacy_write(store, group, name, arr, complete=True):
+    """A per-image array as a wsseg before the packs wrote it (an older run directory)."""
+    from tasks.store import chunked
+
+    (group / "zarr.json").parent.mkdir(parents=True, exist_ok=True)
+    (group / "zarr.json").write_text(json.dumps({"zarr_format": 3, "node_type": "group", "attributes": {}}))
+    chunked.write(group / name, arr, {"complete": True} if complete else {})
+
+
 def test_incomplete_array_is_not_read(tmp_path):
-    """An array whose completion marker was never written (a crash mid-write) reads as absent."""
+    """A pack whose index was never written (a crash between the two) reads as absent, and so
+    does an older run directory's per-image array without its completion marker."""
     store = Store(tmp_path)
-    store.write_pseudo(0, "a", np.ones((3, 3), np.uint8))
-    meta = store.round_dir(0) / "pseudo.zarr" / "a" / "zarr.json"
-    d = json.loads(meta.read_text())
-    d["attributes"].pop("complete")
-    meta.write_text(json.dumps(d))
-    assert store.pseudo(0, "a") is None
+    with store.packing("s1"):
+        store.write_pseudo(0, "a", np.ones((3, 3), np.uint8))
+    idx = [p for p in (store.round_dir(0) / "pseudo" / "packs").iterdir() if p.suffix == ".json"]
+    assert len(idx) == 1 and store.pseudo(0, "a") is not None
+    idx[0].unlink()
+    packs.forget()  # as a new process sees it
+    assert Store(tmp_path).pseudo(0, "a") is None and not Store(tmp_path).has_pseudo(0, "a")
+    _legacy_write(store, store.round_dir(0) / "pseudo.zarr", "b", np.ones((3, 3), np.uint8), complete=False)
+    assert Store(tmp_path).pseudo(0, "b") is None
 
 
 def test_prelim_is_quantised_and_expanded(tmp_path):
@@ -210,18 +223,20 @@ def test_direct_chunks_are_zarr_arrays_both_ways(tmp_path, dtype):
 
 
 def test_replaced_array_reads_missing_until_whole(tmp_path):
-    """Replacing an array removes its metadata before its chunk is rewritten: a writer stopped
-    between the two leaves an array that reads as absent, never old metadata over a new chunk."""
+    """Replacing a per-image array removes its metadata before its chunk is rewritten: a writer
+    stopped between the two leaves an array that reads as absent, never old metadata over a new
+    chunk (the corpus's arrays, and an older run directory's labels)."""
     from tasks.store import chunked
 
     store = Store(tmp_path)
-    store.write_pseudo(0, "a", np.ones((3, 3), np.uint8))
+    _legacy_write(store, store.round_dir(0) / "pseudo.zarr", "a", np.ones((3, 3), np.uint8))
+    assert np.array_equal(Store(tmp_path).pseudo(0, "a"), np.ones((3, 3), np.uint8))
     path = store.round_dir(0) / "pseudo.zarr" / "a"
     (path / "zarr.json").unlink()  # what a writer stopped after its first step leaves
     (path / "c" / "0" / "0").write_bytes(chunked._ZSTD.encode(np.full((4, 4), 2, np.uint8).tobytes()))
-    assert store.pseudo(0, "a") is None
-    store.write_pseudo(0, "a", np.full((4, 4), 2, np.uint8))
-    assert np.array_equal(store.pseudo(0, "a"), np.full((4, 4), 2, np.uint8))
+    assert Store(tmp_path).pseudo(0, "a") is None
+    store.write_pseudo(0, "a", np.full((4, 4), 2, np.uint8))  # written again: as a pack, which wins
+    assert np.array_equal(Store(tmp_path).pseudo(0, "a"), np.full((4, 4), 2, np.uint8))
 
 
 def test_cached_parts_written_by_zarr_still_read(tmp_path):

@@ -1,5 +1,6 @@
 """A run directory whose corpus is a finished run's repeated K times (ids <id>_<k>), each copy's
-image and final-round labels linked (symbolic links) to the original's arrays: for measuring how
+image linked (a symbolic link) to the original's array and its final-round labels written again
+(one pack a copy of the corpus, whichever layout the original has): for measuring how
 `wsseg export` grows with the number of images (docs/benchmarks.md#review-queue-and-corrections).
 
     python tools/replicate_run.py RUN OUT K
@@ -7,6 +8,8 @@ image and final-round labels linked (symbolic links) to the original's arrays: f
 import json, os, shutil, sys
 from pathlib import Path
 import pyarrow.parquet as pq, pyarrow as pa
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+from tasks.store import Store  # noqa: E402
 src, dst, k = Path(sys.argv[1]), Path(sys.argv[2]), int(sys.argv[3])
 shutil.rmtree(dst, ignore_errors=True)
 (dst / "corpus").mkdir(parents=True)
@@ -23,17 +26,17 @@ for j in range(k):
         out.append(dict(row, image_id=f"{row['image_id']}_{j}"))
 pq.write_table(pa.Table.from_pylist(out, schema=t.schema), dst / "corpus" / "manifest.parquet")
 rd = dst / "rounds" / f"r{r:03d}"
-(rd / "pseudo.zarr").mkdir(parents=True)
+rd.mkdir(parents=True)
 shutil.copy(src / "rounds" / f"r{r:03d}" / "round.json", rd)
 (dst / "corpus" / "images.zarr").mkdir()
-for g in ("zarr.json",):
-    shutil.copy(src / "corpus" / "images.zarr" / g, dst / "corpus" / "images.zarr" / g)
-    shutil.copy(src / "rounds" / f"r{r:03d}" / "pseudo.zarr" / g, rd / "pseudo.zarr" / g)
+shutil.copy(src / "corpus" / "images.zarr" / "zarr.json", dst / "corpus" / "images.zarr" / "zarr.json")
+source, target = Store(src), Store(dst)
 for j in range(k):
-    for row in rows:
-        i = row["image_id"]
-        os.symlink(src / "corpus" / "images.zarr" / i, dst / "corpus" / "images.zarr" / f"{i}_{j}")
-        p = src / "rounds" / f"r{r:03d}" / "pseudo.zarr" / i
-        if p.exists():
-            os.symlink(p, rd / "pseudo.zarr" / f"{i}_{j}")
+    with target.packing(f"copy{j}"):
+        for row in rows:
+            i = row["image_id"]
+            os.symlink(src / "corpus" / "images.zarr" / i, dst / "corpus" / "images.zarr" / f"{i}_{j}")
+            label = source.pseudo(r, i)
+            if label is not None:
+                target.write_pseudo(r, f"{i}_{j}", label)
 print(dst, len(out), "images")

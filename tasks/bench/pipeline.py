@@ -457,6 +457,7 @@ def store_listing(store, k: int = 50, seed: int = 0, feature_key: str | None = N
     -------
     dict
         ``objects`` {part: files}, ``objects_total``, ``list_seconds``, ``manifest_seconds``,
+        ``status_seconds`` (what `wsseg status` does, in this process),
         ``images``, ``k``, and ``open_ms`` {image, features, pseudo_label: mean ms per read}.
     """
     t = time.perf_counter()
@@ -482,8 +483,13 @@ def store_listing(store, k: int = 50, seed: int = 0, feature_key: str | None = N
         for r in picks:
             read(r)
         open_ms[what] = 1000.0 * (time.perf_counter() - t) / len(picks) if picks else None
+    from tasks.report.status import run_status
+
+    t = time.perf_counter()
+    run_status(store)
+    status_seconds = time.perf_counter() - t
     main = {p: n for p, n in objects.items() if p in ("corpus", "cache", "rounds")}
-    return {"objects": dict(sorted(objects.items())), "objects_store": sum(main.values()),
+    return {"status_seconds": status_seconds, "objects": dict(sorted(objects.items())), "objects_store": sum(main.values()),
             "objects_total": sum(objects.values()), "list_seconds": list_seconds,
             "manifest_seconds": manifest_seconds, "images": len(records), "k": len(picks), "open_ms": open_ms}
 
@@ -507,11 +513,12 @@ def format_summary(res: dict) -> str:
         rss, tr = res["peak_rss_mb"][n], res["trainer_seconds"].get(n, {})
         lines.append(f"{n:>6} {_f(rss.get('flow'), 0):>8} {_f(rss.get('worker'), 0):>10} " +
                      " ".join(f"{_f(tr.get(t)):>20}" for t in ("classifier", "mil", "proposal_classifier", "segmenter")))
-    lines.append(f"\n{'size':>6} {'objects':>9} {'list s':>8} {'manifest s':>11} {'image ms':>9} {'features ms':>12} "
-                 f"{'label ms':>9}")
+    lines.append(f"\n{'size':>6} {'objects':>9} {'list s':>8} {'manifest s':>11} {'status s':>9} {'image ms':>9} "
+                 f"{'features ms':>12} {'label ms':>9}")
     for n, s in res["store_listing"].items():
         o = s["open_ms"]
         lines.append(f"{n:>6} {s['objects_total']:>9} {_f(s['list_seconds'], 2):>8} {_f(s['manifest_seconds'], 3):>11} "
+                     f"{_f(s.get('status_seconds'), 2):>9} "
                      f"{_f(o.get('image'), 2):>9} {_f(o.get('features'), 2):>12} {_f(o.get('pseudo_label'), 2):>9}")
     t = res["targets"]
     lines.append("")

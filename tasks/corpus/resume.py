@@ -19,20 +19,10 @@ Example
 """
 from __future__ import annotations
 
-import hashlib
 from typing import Sequence
 
 from tasks.config import NOT_IN_ROUNDS, WSSSConfig
-from tasks.store import ClassSpec, ImageRecord
-
-
-def corpus_hash(records: Sequence[ImageRecord]) -> str:
-    """A short hash of the corpus content ``records`` stand for: their ids, file sha256s, tags and
-    splits, in order (the order the trainers see them in)."""
-    h = hashlib.sha256()
-    for r in records:
-        h.update(f"{r.image_id}\t{r.sha256}\t{';'.join(r.tags)}\t{r.split}\n".encode())
-    return h.hexdigest()[:16]
+from tasks.store import ClassSpec, ImageRecord, corpus_hash
 
 
 def corpus_entry(records: Sequence[ImageRecord]) -> dict:
@@ -53,13 +43,15 @@ def classifier_inputs(classes: ClassSpec, records: Sequence[ImageRecord], config
                                                            if k == config.classifier.encoder}}}
 
 
-def round_inputs(classes: ClassSpec, records: Sequence[ImageRecord], config: WSSSConfig,
+def round_inputs(classes: ClassSpec, records: Sequence[ImageRecord] | dict, config: WSSSConfig,
                  corrections: dict | None = None) -> dict:
-    """What a round depends on: the class list, the corpus of its split, every configuration
-    field but :data:`tasks.config.NOT_IN_ROUNDS` (round budget, inference settings) and, when the
-    run has any, a person's corrections (``{"images": n, "digest": ...}``)."""
+    """What a round depends on: the class list, the corpus of its split (its records, or their
+    :func:`corpus_entry` as the manifest's footer records it), every configuration field but
+    :data:`tasks.config.NOT_IN_ROUNDS` (round budget, inference settings) and, when the run has
+    any, a person's corrections (``{"images": n, "digest": ...}``)."""
     cfg = {k: v for k, v in config.model_dump(mode="json").items() if k not in NOT_IN_ROUNDS}
-    out = {"classes": classes_entry(classes), "corpus": corpus_entry(records), "config": cfg}
+    corpus = records if isinstance(records, dict) else corpus_entry(records)
+    out = {"classes": classes_entry(classes), "corpus": corpus, "config": cfg}
     return out | ({"corrections": corrections} if corrections else {})
 
 

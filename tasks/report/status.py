@@ -23,7 +23,7 @@ def _live_writer(store: Store) -> dict | None:
     return w
 
 
-def _refresh_state(store: Store, config: dict, finished: list[int]) -> dict:
+def _refresh_state(store: Store, config: dict, finished: list[int], summary: dict | None) -> dict:
     """``refresh``: the last `wsseg refresh`'s record; ``stale``: what changed since the last
     finished round was computed (class list, corpus, configuration: `wsseg train` recomputes);
     ``refresh_pending``: images of its split without its pseudo-label (`wsseg refresh` labels
@@ -31,6 +31,7 @@ def _refresh_state(store: Store, config: dict, finished: list[int]) -> dict:
     from tasks.config import WSSSConfig
     from tasks.corpus.resume import round_inputs, what_changed
     from tasks.labels.corrections import corrections_entry
+    from tasks.store import corpus_hash
 
     out: dict = {"refresh": store.read_json("refresh"), "stale": [], "refresh_pending": None}
     if not finished:
@@ -40,11 +41,18 @@ def _refresh_state(store: Store, config: dict, finished: list[int]) -> dict:
         cfg = WSSSConfig.model_validate(config)
     except ValueError:
         return out
-    records = store.manifest(cfg.split)
+    split = (summary or {}).get("splits", {}).get(cfg.split)
+    # the manifest's rows are read only when its footer does not say (an older one), when the run
+    # has corrections (which of them are of this split) and when something changed
+    records = store.manifest(cfg.split) if summary is None or store.corrections() else None
+    corpus = split if records is None else records
+    if corpus is None:  # the split is empty now
+        corpus = {"hash": corpus_hash([]), "images": 0}
     recorded = store.round_inputs(r)
-    out["stale"] = what_changed(recorded, round_inputs(store.classes(), records, cfg,
-                                                       corrections_entry(store, records)))
+    out["stale"] = what_changed(recorded, round_inputs(store.classes(), corpus, cfg,
+                                                       corrections_entry(store, records) if records else None))
     if out["stale"]:
+        records = store.manifest(cfg.split) if records is None else records
         pending = sum(not store.has_pseudo(r, rec.image_id) for rec in records)
         out["refresh_pending"] = {"round": r, "images": pending} if pending else None
     return out
@@ -53,19 +61,28 @@ def _refresh_state(store: Store, config: dict, finished: list[int]) -> dict:
 def run_status(store: Store) -> dict:
     """The corpus (images, classes, splits), the finished rounds with their metrics, the shards done
     and pending of a round in progress, the store's size, the holder of its lock and the last error."""
+    usage = store.usage()
     out: dict = {"run_dir": str(store.root), "corpus": None, "rounds": [], "in_progress": None,
-                 "size_mb": round(store.size_bytes() / 2 ** 20, 1), "last_error": store.last_error(),
+                 "size_mb": round(sum(v["bytes"] for v in usage.values()) / 2 ** 20, 1),
+                 "files": sum(v["files"] for v in usage.values()), "usage": usage, "last_error": store.last_error(),
                  "writer": _live_writer(store)}
     if store.remote:  # what cannot live on object storage (MLflow, Prefect, the lock's flock) lies here
         out["state_dir"] = str(store.state_dir)
     if not store.has_corpus():
         return out
-    records = store.manifest()
-    splits: dict[str, int] = {}
-    for r in records:
-        splits[r.split] = splits.get(r.split, 0) + 1
+    # counts from the manifest's footer (nothing per image read); an older manifest is read whole
+    summary = store.corpus_summary()
+    if summary is None:
+        splits: dict[str, int] = {}
+        for rec in store.manifest():
+            splits[rec.split] = splits.get(rec.split, 0) + 1
+        summary = {"images": sum(splits.values()), "splits": {k: {"images": v} for k, v in splits.items()}}
+        recorded = None
+    else:
+        recorded = summary
+    splits = {k: v["images"] for k, v in summary["splits"].items()}
     classes = store.classes()
-    out["corpus"] = {"images": len(records), "classes": len(classes.names), "splits": splits,
+    out["corpus"] = {"images": summary["images"], "classes": len(classes.names), "splits": splits,
                      "implicit_background": classes.names[classes.background] if classes.background is not None
                      else None, "corrected": len(store.corrections())}
     config = store.read_config() or {}
@@ -77,7 +94,7 @@ def run_status(store: Store) -> dict:
     unfinished = [r for r in store.rounds() if r not in finished]
     if unfinished:
         r = unfinished[-1]
-        n = len(store.manifest(config.get("split", "train")))
+        n = splits.get(config.get("split", "train"), 0)
         defaults = WSSSConfig.model_fields
         size = shard_size_for(n, int(config.get("shard_size", defaults["shard_size"].default)),
                               int(config.get("max_shards", defaults["max_shards"].default)))
@@ -86,19 +103,19 @@ def run_status(store: Store) -> dict:
         out["in_progress"] = {"round": r, "shards": shards,
                               "done": done, "pending": {k: shards - v for k, v in done.items()},
                               "model_trained": store.has_checkpoint("segmenter", r)}
-    out.update(_refresh_state(store, config, finished))
-    summary = store.read_summary()
-    if summary:
-        out["final_model"] = summary.get("final_model")
-        out["converged"] = summary.get("converged")
-        out["final_round"] = summary.get("final_round")
-        out["stop_reason"] = summary.get("stop_reason")
+    out.update(_refresh_state(store, config, finished, recorded))
+    run_summary = store.read_summary()
+    if run_summary:
+        out["final_model"] = run_summary.get("final_model")
+        out["converged"] = run_summary.get("converged")
+        out["final_round"] = run_summary.get("final_round")
+        out["stop_reason"] = run_summary.get("stop_reason")
     return out
 
 
 def format_status(st: dict) -> str:
     """The status as lines for the terminal."""
-    lines = [f"run directory {st['run_dir']} ({st['size_mb']} MB)"]
+    lines = [f"run directory {st['run_dir']} ({st['size_mb']} MB in {st['files']} files)"]
     if st.get("state_dir"):
         lines.append(f"local state (Prefect, MLflow, lock): {st['state_dir']}")
     c = st["corpus"]

@@ -14,10 +14,10 @@ from tasks.store.checkpoints import (CheckpointError, StateFile, load_classifier
                                      save_classifier, save_model)
 from tasks.store.lock import RunLock, RunLockedError
 from tasks.store.remote import RemoteStoreError
-from tasks.store.run import (MANIFEST_SCHEMA, ClassSpec, ImageRecord, Store, arrays_to_sparse, params_key,
-                             records_by_id, sha256_file, sparse_to_arrays, valid_id)
+from tasks.store.run import (MANIFEST_SCHEMA, ClassSpec, ImageRecord, Store, arrays_to_sparse, corpus_hash,
+                             params_key, records_by_id, sha256_file, sparse_to_arrays, valid_id)
 
 __all__ = ["Store", "RunLock", "RunLockedError", "RemoteStoreError", "ClassSpec", "ImageRecord", "StateFile", "CheckpointError", "load_model", "save_model",
            "load_classifier", "save_classifier", "read_file", "MANIFEST_SCHEMA", "arrays_to_sparse",
-           "sparse_to_arrays", "params_key", "records_by_id", "sha256_file", "valid_id"]
+           "sparse_to_arrays", "params_key", "records_by_id", "sha256_file", "valid_id", "corpus_hash"]
 from tasks.store import files  # noqa: E402,F401  (user files: images, masks, label PNGs, run lookup)

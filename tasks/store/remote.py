@@ -238,6 +238,23 @@ def du(path) -> int:
         return 0
 
 
+def entries(path) -> list[tuple[str, bool, int]]:
+    """``(name, is_folder, bytes)`` of what is directly in folder ``path`` (one listing; links
+    not followed; [] when there is none)."""
+    if is_local(path):
+        try:
+            with os.scandir(path) as it:
+                return [(e.name, e.is_dir(follow_symlinks=False), e.stat(follow_symlinks=False).st_size) for e in it]
+        except (FileNotFoundError, NotADirectoryError):
+            return []
+    try:
+        listing = path.fs.ls(path.path, detail=True)
+    except FileNotFoundError:
+        return []
+    return [(e["name"].rstrip("/").rsplit("/", 1)[-1], e.get("type") == "directory", int(e.get("size") or 0))
+            for e in listing if e["name"].rstrip("/") != path.path.rstrip("/")]
+
+
 def copytree(src, dst) -> None:
     """Copy folder or file ``src`` to ``dst`` on the same object store (server-side copies)."""
     src.fs.copy(src.path, dst.path, recursive=src.is_dir())

@@ -5,16 +5,19 @@ Everything else asks the store for ``image(id)`` or ``write_pseudo(round, id, la
 Layout of a run directory::
 
     RUN/
-      corpus/manifest.parquet      id, height, width, tags, sha256, split, source, mask
+      corpus/manifest.parquet      id, height, width, tags, sha256, split, source, mask; its footer
+                                   the counts and content hash of each split (`wsseg status`)
+      corpus/usage.json            the corpus folder's files and bytes, counted when written
       corpus/classes.json          class names and the implicit background class (or null)
       corpus/images.zarr/<id>      (H, W, 3) uint8, one array (= one chunk) per image
       corpus/masks.zarr/<id>       (H, W) uint8 ground truth, for evaluation only
       corpus/staging/              an ingest's arrays that replace stored ones, until it is accepted
-      cache/<stage>-<key>/<sha>    per-image stage outputs, content-addressed: the key hashes
-                                   the stage's parameters, <sha> the image bytes, so a changed
-                                   image or parameter recomputes and nothing else does
-      rounds/r000/prelim.zarr/<id> preliminary result (tagged classes, quantised to uint8)
-      rounds/r000/pseudo.zarr/<id> pseudo-label (H, W) uint8, 255 = ignore
+      cache/<stage>-<key>/packs/   per-image stage outputs, content-addressed: the key hashes
+                                   the stage's parameters, each entry is named by the image
+                                   bytes' sha, so a changed image or parameter recomputes and
+                                   nothing else does
+      rounds/r000/prelim/packs/    preliminary results (tagged classes, quantised to uint8)
+      rounds/r000/pseudo/packs/    pseudo-labels (H, W) uint8, 255 = ignore (cam/: CAM labels)
       rounds/r000/done/<stage>-<shard>.json   a shard counts as done only once this exists
       rounds/r000/round.json       the round's metrics, written last
       rounds/r000/inputs.json      what the round is computed from (classes, corpus hash, config)
@@ -25,10 +28,15 @@ Layout of a run directory::
       summary.json                 the table of rounds, written at the end of `wsseg train`
       refresh.json                 the last `wsseg refresh`: new images labelled with a round's models
 
-Every array is one Zarr chunk written by exactly one process, and a marker is written (by an
-atomic rename) only after the data, so an interrupted run is resumed by re-running it. Locally
-these single-chunk arrays are written and read by :mod:`tasks.store.chunked` (the same files,
-without zarr's per-call machinery: 0.3 ms instead of 4-10 ms an array).
+The per-image arrays of the stages (feature cache, preliminary results, labels) are packed by
+shard (:mod:`tasks.store.packs`): a shard task writes one pack and its index per group at its end
+(:meth:`Store.packing`), so files grow with shards, not images. The corpus's images, masks and
+corrections are one single-chunk Zarr array per image, written and read locally by
+:mod:`tasks.store.chunked` (the same files, without zarr's per-call machinery). Every pack and
+array is written by exactly one process, and a marker is written (by an atomic rename) only after
+the data, so an interrupted run is resumed by re-running it. A run directory of an older wsseg
+(one array per image in ``prelim.zarr``, ``pseudo.zarr`` and the cache) still reads; new shards
+write packs beside its arrays.
 
 The run directory may also be an fsspec URL (``s3://bucket/run``, ``gs://...``; ``file://`` is a
 local path): the same layout then lies on object storage, reached through fsspec (Zarr's
@@ -40,6 +48,7 @@ directory is its own state folder, exactly as before.
 """
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
 import os
@@ -49,7 +58,7 @@ import sys
 import tempfile
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Iterable, Sequence
+from typing import Any, Iterable, Iterator, Sequence
 
 import torch
 
@@ -59,10 +68,10 @@ import pyarrow.parquet as pq
 import scipy.sparse as sp
 import zarr
 
-from tasks.store import chunked
+from tasks.store import chunked, packs
 from tasks.store.checkpoints import (StateFile, load_classifier, load_model, save_classifier,
                                      save_model)
-from tasks.store.remote import is_local, is_remote_url, local_copy, remote_root, state_dir_for
+from tasks.store.remote import entries, is_local, is_remote_url, local_copy, remote_root, state_dir_for
 
 _ID_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]*$")
 
@@ -172,6 +181,17 @@ class Store:
 
             self.root = local_path(root).resolve()
             self.remote = False
+        self._batch: dict | None = None  # pack group -> PackWriter, inside :meth:`packing`
+        self._batch_shard = ""
+        self._checked: set[str] = set()  # pack groups whose generation this instance compared
+        self._legacy: dict[str, bool] = {}  # per-image (older layout) groups: whether they exist
+
+    def __getstate__(self) -> dict:
+        return {"root": self.root, "remote": self.remote}
+
+    def __setstate__(self, state: dict) -> None:
+        self.__dict__.update(state)
+        self._batch, self._batch_shard, self._checked, self._legacy = None, "", set(), {}
 
     def __repr__(self) -> str:
         return f"Store({str(self.root)!r})"
@@ -271,17 +291,105 @@ class Store:
         except (OSError, ValueError):
             return False
 
+    # ------------------------------------------------------------------ packed per-image arrays
+    @contextlib.contextmanager
+    def packing(self, shard: str) -> Iterator[None]:
+        """Write the per-image arrays of a shard (preliminary results, labels, feature-cache
+        entries) as one pack per group (:mod:`tasks.store.packs`) when the block ends without an
+        error; an error discards them (the shard is computed again). Reads inside the block see
+        what it wrote. Nested blocks join the outer one."""
+        if self._batch is not None:
+            yield
+            return
+        self._batch, self._batch_shard = {}, shard
+        try:
+            yield
+            for w in self._batch.values():
+                w.flush()
+        finally:
+            self._batch, self._batch_shard = None, ""
+
+    def _pack_index(self, group: Path) -> packs.GroupIndex:
+        key = str(group)
+        check = key not in self._checked  # once per Store instance (a task): a worker sees drops
+        self._checked.add(key)
+        return packs.index_of(group, check)
+
+    def _put_packed(self, group: Path, name: str, arr: np.ndarray, attrs: dict | None = None) -> None:
+        """``arr`` as entry ``name`` of pack group ``group``: into the open :meth:`packing` block's
+        pack, or else a pack of its own."""
+        if self._batch is not None:
+            w = self._batch.get(str(group))
+            if w is None:
+                w = self._batch[str(group)] = packs.PackWriter(group, self._batch_shard)
+            w.put(name, arr, attrs)
+            return
+        w = packs.PackWriter(group, name)
+        w.put(name, arr, attrs)
+        w.flush()
+
+    def _has_legacy(self, legacy: Path) -> bool:
+        """Whether the per-image group ``legacy`` of an older run directory exists (asked once)."""
+        key = str(legacy)
+        if key not in self._legacy:
+            self._legacy[key] = (legacy / "zarr.json").exists()
+        return self._legacy[key]
+
+    def _get_packed(self, group: Path, legacy: Path, name: str, probe: bool = False) -> tuple | None:
+        """``(array, attributes)`` of entry ``name``: from the open block, the group's packs, or
+        the per-image array of an older run directory (``legacy``); None when none holds it.
+        ``probe``: attributes only, no data read (the array is returned as None)."""
+        if self._batch is not None and str(group) in self._batch:
+            got = self._batch[str(group)].get(name)
+            if got is not None:
+                return got
+        ix = self._pack_index(group)
+        if probe:
+            attrs = ix.attrs(name)
+            if attrs is not None:
+                return None, attrs
+        else:
+            got = ix.read(name)
+            if got is not None:
+                return got
+        if not self._has_legacy(legacy):
+            return None
+        attrs = self._legacy_attrs(legacy, name)
+        if attrs is None:
+            return None
+        if probe:
+            return None, attrs
+        arr = self._read_array(legacy, name)
+        return None if arr is None else (arr, attrs)
+
+    def _legacy_attrs(self, group: Path, name: str) -> dict | None:
+        """The attributes of a complete per-image array, or None."""
+        try:
+            attrs = json.loads((group / name / "zarr.json").read_text()).get("attributes", {})
+        except (OSError, ValueError):
+            return None
+        return attrs if attrs.get("complete", False) else None
+
     # ------------------------------------------------------------------ corpus
     @property
     def corpus_dir(self) -> Path:
         return self.root / "corpus"
 
     def write_corpus(self, records: list[ImageRecord], classes: ClassSpec) -> None:
-        table = pa.Table.from_pylist([r.__dict__ | {"tags": list(r.tags)} for r in records],
-                                     schema=MANIFEST_SCHEMA)
+        """The manifest and the class list. The manifest's footer also records the counts and
+        the content hash of each split (:meth:`corpus_summary`): `wsseg status` reads those
+        without reading the manifest's rows."""
+        splits: dict[str, list[ImageRecord]] = {}
+        for r in records:
+            splits.setdefault(r.split, []).append(r)
+        summary = {"images": len(records), "splits": {k: {"images": len(v), "hash": corpus_hash(v)}
+                                                       for k, v in splits.items()}}
+        schema = MANIFEST_SCHEMA.with_metadata({b"wsseg": json.dumps(summary).encode()})
+        table = pa.Table.from_pylist([r.__dict__ | {"tags": list(r.tags)} for r in records], schema=schema)
         self._put_parquet(table, self.corpus_dir / "manifest.parquet")
         _atomic_write_text(self.corpus_dir / "classes.json",
                            json.dumps({"names": list(classes.names), "background": classes.background}, indent=1))
+        self.record_corpus_usage()
 
     def write_ingest_report(self, report: dict) -> Path:
         """``corpus/ingest_report.json``: what an ingest listed, ingested and rejected (and why)."""
@@ -306,6 +414,18 @@ class Store:
                 rmtree(group)
         if not self.remote and self.corpus_dir.is_dir() and not any(self.corpus_dir.iterdir()):
             self.corpus_dir.rmdir()
+
+    def corpus_summary(self) -> dict | None:
+        """``{"images": n, "splits": {split: {"images": k, "hash": corpus_hash}}}`` from the
+        manifest's footer (no row read), or None for a manifest written before it was recorded."""
+        path = self.corpus_dir / "manifest.parquet"
+        if is_local(path):
+            schema = pq.read_schema(path)
+        else:
+            with path.fs.open(path.path, "rb") as f:
+                schema = pq.read_schema(f)
+        raw = (schema.metadata or {}).get(b"wsseg")
+        return json.loads(raw) if raw else None
 
     def has_corpus(self) -> bool:
         return (self.corpus_dir / "manifest.parquet").exists()
@@ -430,6 +550,7 @@ class Store:
     def write_corrections(self, index: dict[str, dict]) -> None:
         """The corrections index (image id -> :meth:`corrections`' entry), written atomically."""
         _write_json(self.corrections_path, {"images": dict(sorted(index.items()))})
+        self.record_corpus_usage()
 
     def correction(self, image_id: str) -> np.ndarray | None:
         """The corrected label map of ``image_id``, or None when no one corrected it."""
@@ -455,39 +576,47 @@ class Store:
         return self.root / "cache" / f"{stage}-{key}"
 
     def has_cached(self, stage: str, key: str, sha: str) -> bool:
-        return self._has_array(self.cache_dir(stage, key), sha[:24])
+        base = self.cache_dir(stage, key)
+        return self._get_packed(base, base, sha[:24], probe=True) is not None
 
     def put_cached(self, stage: str, key: str, sha: str, arrays: dict[str, np.ndarray]) -> None:
-        """Write several arrays of one image; the group's marker array is written last."""
+        """Write several arrays of one image, and last the marker entry naming them."""
         base = self.cache_dir(stage, key)
-        for name, arr in arrays.items():
-            self._write_array(base, f"{sha[:24]}.{name}", np.ascontiguousarray(arr), marked=False)
-        self._write_array(base, sha[:24], np.zeros(1, np.uint8), {"parts": sorted(arrays)})
+        with self.packing(f"{sha[:24]}"):  # inside a shard's block: its pack; alone: a pack of its own
+            for name, arr in arrays.items():
+                self._put_packed(base, f"{sha[:24]}.{name}", np.ascontiguousarray(arr))
+            self._put_packed(base, sha[:24], np.zeros(1, np.uint8), {"parts": sorted(arrays)})
 
     def cached(self, stage: str, key: str, sha: str, parts: Sequence[str] | None = None) -> dict[str, np.ndarray]:
         """The cached arrays of one image, all of them or only ``parts`` (the edge map alone is
-        read every epoch by the segmenter's loader: the superpixel parts would double its cost)."""
+        read every epoch by the segmenter's loader: the superpixel parts would double its cost).
+        Parts next to each other in a pack are read in one request."""
         base = self.cache_dir(stage, key)
-        try:  # the marker array: complete once every part is written
-            marker = json.loads((base / sha[:24] / "zarr.json").read_text()).get("attributes", {})
-        except (OSError, ValueError):
-            marker = {}
-        if not marker.get("complete", False):
+        got = self._get_packed(base, base, sha[:24], probe=True)
+        if got is None:
             raise KeyError(f"no cached {stage} output for image sha {sha[:12]} under {base}")
-        have = marker["parts"]
+        have = got[1]["parts"]
         missing = [p for p in (parts or ()) if p not in have]
         if missing:
             raise KeyError(f"cached {stage} output of {sha[:12]} has no part {', '.join(missing)} under {base}")
+        names = list(have if parts is None else parts)
+        keys = [f"{sha[:24]}.{n}" for n in names]
+        if self._batch is not None and str(base) in self._batch:
+            found = {k: v for k in keys if (v := self._batch[str(base)].get(k)) is not None}
+        else:
+            found = self._pack_index(base).read_many(keys)
         out = {}
-        for name in (have if parts is None else parts):
-            part = base / f"{sha[:24]}.{name}"
-            meta = None if self.remote else chunked.metadata(part)
-            arr = chunked.read(part, meta) if meta is not None else None
+        for name, k in zip(names, keys):
+            if k in found:
+                out[name] = found[k][0]
+                continue
+            meta = None if self.remote else chunked.metadata(base / k)
+            arr = chunked.read(base / k, meta) if meta is not None else None
             if arr is not None:
                 out[name] = arr
                 continue
-            try:  # the marker, written after every part, vouches for them
-                out[name] = zarr.open_array(self._zarr(part), mode="r")[...]
+            try:  # an older run directory's per-image part: the marker, written after every part, vouches for it
+                out[name] = zarr.open_array(self._zarr(base / k), mode="r")[...]
             except (FileNotFoundError, KeyError, zarr.errors.BaseZarrError) as e:
                 raise KeyError(f"cached {stage} part {name!r} of {sha[:12]} is unreadable under {base}: {e}") from e
         return out
@@ -596,10 +725,68 @@ class Store:
         return _read_json(self.root / "last_error.json")
 
     def size_bytes(self) -> int:
-        """Bytes on disk of the run directory (links not followed), or of its objects."""
+        """Bytes on disk of the run directory (links not followed), or of its objects: walks
+        every file (see :meth:`usage` for what `wsseg status` reads instead)."""
         from tasks.store.remote import du
 
         return du(self.root)
+
+    def record_corpus_usage(self) -> dict:
+        """Count the corpus folder's files and bytes (one walk, done by the commands that write
+        it: ingest, corrections) into ``corpus/usage.json``, which :meth:`usage` reads."""
+        files = size = 0
+        stack = [self.corpus_dir]
+        while stack:
+            folder = stack.pop()
+            for name, is_dir, n in entries(folder):
+                if name == "usage.json" and folder == self.corpus_dir:
+                    continue
+                if is_dir:
+                    stack.append(folder / name)
+                else:
+                    files, size = files + 1, size + n
+        rec = {"files": files, "bytes": size}
+        _write_json(self.corpus_dir / "usage.json", rec)
+        return rec
+
+    def usage(self) -> dict[str, dict]:
+        """Files and bytes of the run directory by part (``corpus``, ``cache``, ``rounds``,
+        ``other``), without walking per-image files: the corpus's as recorded when it was written
+        (:meth:`record_corpus_usage`), the packs' from one listing of each group, the rounds'
+        markers and tables from one listing of each folder. What grows with the images is
+        listed per shard, so the cost grows with shards, not images. An older run directory's
+        per-image folders (``*.zarr``) are walked, and so is a corpus without a record."""
+        out = {k: {"files": 0, "bytes": 0} for k in ("corpus", "cache", "rounds", "other")}
+
+        def add(part: str, files: int, size: int) -> None:
+            out[part]["files"] += files
+            out[part]["bytes"] += size
+
+        def walk(part: str, folder: Path) -> None:
+            for name, is_dir, n in entries(folder):
+                if not is_dir:
+                    add(part, 1, n)
+                elif (folder / name / packs.INDEX_FILE).exists():
+                    add(part, *packs.usage(folder / name))
+                else:
+                    walk(part, folder / name)
+
+        rec = _read_json(self.corpus_dir / "usage.json")
+        if rec:
+            add("corpus", rec["files"] + 1, rec["bytes"])
+        else:
+            walk("corpus", self.corpus_dir)
+        for name, is_dir, n in entries(self.root):
+            if not is_dir:
+                add("other", 1, n)
+            elif name in ("cache", "rounds"):
+                walk(name, self.root / name)
+            elif name.startswith("ablate-"):
+                for part, v in Store(self.root / name).usage().items():
+                    add(part, v["files"], v["bytes"])
+            elif name != "corpus":
+                walk("other", self.root / name)
+        return out
 
     def lock(self, command: str):
         """The run directory's writer lock (:class:`tasks.store.lock.RunLock`), for ``with``: the
@@ -640,15 +827,16 @@ class Store:
         present is left as it is. On object storage (no links) the parts are copied."""
         src, dst = other.round_dir(r), self.round_dir(r)
         if self.remote or other.remote:
-            self._copy_parts(other, [(src / f"{n}.zarr", dst / f"{n}.zarr") for n in arrays]
+            self._copy_parts(other, [(src / f, dst / f) for n in arrays for f in (n, f"{n}.zarr")]
                              + [(src / "done" / m, dst / "done" / m) for stage in stages
                                 for m in other.shard_markers(r, stage)])
             return
         (dst / "done").mkdir(parents=True, exist_ok=True)
         for name in arrays:
-            s, d = src / f"{name}.zarr", dst / f"{name}.zarr"
-            if s.exists() and not (d.exists() or d.is_symlink()):
-                d.symlink_to(s.resolve(), target_is_directory=True)
+            for folder in (name, f"{name}.zarr"):  # packs, or an older run directory's per-image arrays
+                s, d = src / folder, dst / folder
+                if s.exists() and not (d.exists() or d.is_symlink()):
+                    d.symlink_to(s.resolve(), target_is_directory=True)
         for stage in stages:
             for marker in (src / "done").glob(f"{stage}-*.json"):
                 if not (dst / "done" / marker.name).exists():
@@ -702,31 +890,32 @@ class Store:
         """Preliminary result of round r: (T, H, W) float probabilities of the classes ``class_idx``
         (the image's tags and background), stored quantised to uint8."""
         q = np.clip(np.rint(prob * 255.0), 0, 255).astype(np.uint8)
-        self._write_array(self.round_dir(r) / "prelim.zarr", image_id, q,
-                          {"classes": [int(c) for c in class_idx]})
+        self._put_packed(self.round_dir(r) / "prelim", image_id, q, {"classes": [int(c) for c in class_idx]})
 
     def prelim(self, r: int, image_id: str, n_classes: int) -> np.ndarray:
         """(K, H, W) float32 preliminary probabilities (zero for classes not stored)."""
-        group = self.round_dir(r) / "prelim.zarr"
-        q = self._read_array(group, image_id)
-        if q is None:
+        group = self.round_dir(r) / "prelim"
+        got = self._get_packed(group, self.round_dir(r) / "prelim.zarr", image_id)
+        if got is None:
             raise KeyError(f"no preliminary result of round {r} for {image_id!r} under {group}")
-        cls = json.loads((group / image_id / "zarr.json").read_text())["attributes"]["classes"]
+        q, attrs = got
         out = np.zeros((n_classes,) + q.shape[1:], np.float32)
-        out[cls] = q.astype(np.float32) / 255.0
+        out[attrs["classes"]] = q.astype(np.float32) / 255.0
         return out
 
     def write_pseudo(self, r: int, image_id: str, label: np.ndarray, name: str = "pseudo") -> None:
         if label.dtype != np.uint8 or label.ndim != 2:
             raise ValueError(f"pseudo-label must be (H, W) uint8, got {label.shape} {label.dtype}")
-        self._write_array(self.round_dir(r) / f"{name}.zarr", image_id, label)
+        self._put_packed(self.round_dir(r) / name, image_id, label)
 
     def pseudo(self, r: int, image_id: str, name: str = "pseudo") -> np.ndarray | None:
-        return self._read_array(self.round_dir(r) / f"{name}.zarr", image_id)
+        got = self._get_packed(self.round_dir(r) / name, self.round_dir(r) / f"{name}.zarr", image_id)
+        return None if got is None else got[0]
 
     def has_pseudo(self, r: int, image_id: str, name: str = "pseudo") -> bool:
         """Whether round ``r`` holds a complete label map ``name`` of ``image_id`` (no data read)."""
-        return self._has_array(self.round_dir(r) / f"{name}.zarr", image_id)
+        return self._get_packed(self.round_dir(r) / name, self.round_dir(r) / f"{name}.zarr", image_id,
+                                probe=True) is not None
 
     def drop_labels(self, image_ids: Iterable[str]) -> None:
         """Remove the per-image round arrays (preliminary results, pseudo-labels, CAM labels) of
@@ -740,10 +929,13 @@ class Store:
         for r in self.rounds():
             for name in listdir(self.round_dir(r)):
                 group = self.round_dir(r) / name
-                if not name.endswith(".zarr") or (not self.remote and group.is_symlink()):
+                if not self.remote and group.is_symlink():
                     continue
-                for iid in ids:
-                    rmtree(group / iid)
+                if name.endswith(".zarr"):  # an older run directory's per-image arrays
+                    for iid in ids:
+                        rmtree(group / iid)
+                elif (group / packs.INDEX_FILE).exists():
+                    packs.drop(group, ids)
 
     def drop_rounds(self, first: int) -> list[int]:
         """Remove round ``first`` and every later one (arrays, markers, checkpoints, summaries)
@@ -859,6 +1051,15 @@ def arrays_to_sparse(d: dict[str, np.ndarray]) -> sp.csr_matrix:
     indptr, indices, shape = d["m_indptr"], d["m_indices"], tuple(int(s) for s in d["m_shape"])
     data = np.ones(len(indices), bool)
     return sp.csr_matrix((data, indices, indptr), shape=shape)
+
+
+def corpus_hash(records: Sequence[ImageRecord]) -> str:
+    """A short hash of the corpus content ``records`` stand for: their ids, file sha256s, tags and
+    splits, in order (the order the trainers see them in)."""
+    h = hashlib.sha256()
+    for r in records:
+        h.update(f"{r.image_id}\t{r.sha256}\t{';'.join(r.tags)}\t{r.split}\n".encode())
+    return h.hexdigest()[:16]
 
 
 def sha256_file(path: str | os.PathLike) -> str:

@@ -319,11 +319,12 @@ def cam_crf_shard(run_dir: str, ids: list[str], crf: dict | None = None, round_i
     classes = store.classes()
     t0 = time.perf_counter()
     done = 0
-    for rec in records_by_id(store.manifest(), ids):
-        if store.pseudo(round_index, rec.image_id, name=name) is not None:
-            continue
-        prelim = store.prelim(round_index, rec.image_id, classes.n)
-        label = crf_labels(store.image(rec.image_id), prelim, classes.tag_vector(rec.tags), **(crf or {}))
-        store.write_pseudo(round_index, rec.image_id, label, name=name)
-        done += 1
+    with store.packing(store.shard_name(ids)):  # the shard's labels as one pack
+        for rec in records_by_id(store.manifest(), ids):
+            if store.pseudo(round_index, rec.image_id, name=name) is not None:
+                continue
+            prelim = store.prelim(round_index, rec.image_id, classes.n)
+            label = crf_labels(store.image(rec.image_id), prelim, classes.tag_vector(rec.tags), **(crf or {}))
+            store.write_pseudo(round_index, rec.image_id, label, name=name)
+            done += 1
     return {"images": len(ids), "computed": done, "seconds": time.perf_counter() - t0}

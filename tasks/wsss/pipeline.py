@@ -360,7 +360,8 @@ def features_shard(run_dir: str, ids: list[str], cfg: FeatureConfig, key: str) -
     store = Store(run_dir)
     recs = records_by_id(store.manifest(), ids)
     t0 = time.perf_counter()
-    computed = sum(compute_features(store, rec, cfg, key) for rec in recs)
+    with store.packing(store.shard_name(ids)):  # one pack of the shard's feature-cache entries
+        computed = sum(compute_features(store, rec, cfg, key) for rec in recs)
     seconds = time.perf_counter() - t0
     run_log(f"features: {len(ids)} images from {ids[0]}, {int(computed)} computed, {seconds:.1f} s")
     return {"images": len(ids), "computed": int(computed), "seconds": seconds}
@@ -379,8 +380,9 @@ def preliminary_shard(run_dir: str, ids: list[str], round_index: int, key: str, 
     model, state = prelim_model(store, r)
     foreground = r == 0 and foreground_on(store, config)[0]
     corrected = store.corrections().keys()
-    for rec in records_by_id(store.manifest(), ids):
-        preliminary_image(store, rec, r, model, state, classes, key, config, foreground, corrected)
+    with store.packing(store.shard_name(ids)):  # written before the marker below
+        for rec in records_by_id(store.manifest(), ids):
+            preliminary_image(store, rec, r, model, state, classes, key, config, foreground, corrected)
     store.mark_shard_done(r, "prelim", store.shard_name(ids), {"images": len(ids)})
     run_log(f"round {r} preliminary result: {len(ids)} images from {ids[0]}")
     return {"images": len(ids), "skipped": False}
@@ -405,24 +407,25 @@ def pseudo_shard(run_dir: str, ids: list[str], round_index: int, key: str, cfg: 
     # per class: the log label shares on the images tagged with it, summed (tasks.wsss.stopping's tag coverage)
     log_shares, tagged = np.zeros(classes.n), np.zeros(classes.n, np.int64)
     review = []  # per image: the review queue's signals (tasks.labels.review)
-    for rec in records_by_id(store.manifest(), ids):
-        prelim = store.prelim(round_index, rec.image_id, classes.n)  # read once: the label and the review signals
-        label = pseudo_image(store, rec, round_index, clf, mil_model, classes, key, cfg, seed, mil_weight, foreground,
-                             corrected, prelim)
-        previous = store.pseudo(round_index - 1, rec.image_id) if round_index > 0 else \
-            store.pseudo(0, rec.image_id, name="cam")
-        before = (store.pseudo(round_index - 2, rec.image_id) if round_index > 1 else
-                  store.pseudo(0, rec.image_id, name="cam") if round_index == 1 else None)
-        n = int(label.size)
-        totals["pixels"] += n
-        totals["changed_pixels"] += round(changed_share(label, previous) * n) if previous is not None else n
-        totals["reverted_pixels"] += round(reverted_share(label, previous, before) * n)
-        totals["ignore_pixels"] += round(ignore_share(label) * n)
-        ls, t = tag_log_shares(label, classes.tag_vector(rec.tags).nonzero()[0], classes.n)
-        log_shares, tagged = log_shares + ls, tagged + t
-        object_tags = [c for c in (classes.index(x) for x in rec.tags) if c != classes.background]
-        review.append({"image_id": rec.image_id, "corrected": rec.image_id in corrected,
-                       **image_signals(label, prelim, classes.tag_vector(rec.tags), previous, object_tags)})
+    with store.packing(store.shard_name(ids)):  # the shard's labels, one pack, written before its marker
+        for rec in records_by_id(store.manifest(), ids):
+            prelim = store.prelim(round_index, rec.image_id, classes.n)  # read once: the label and the review signals
+            label = pseudo_image(store, rec, round_index, clf, mil_model, classes, key, cfg, seed, mil_weight,
+                                 foreground, corrected, prelim)
+            previous = store.pseudo(round_index - 1, rec.image_id) if round_index > 0 else \
+                store.pseudo(0, rec.image_id, name="cam")
+            before = (store.pseudo(round_index - 2, rec.image_id) if round_index > 1 else
+                      store.pseudo(0, rec.image_id, name="cam") if round_index == 1 else None)
+            n = int(label.size)
+            totals["pixels"] += n
+            totals["changed_pixels"] += round(changed_share(label, previous) * n) if previous is not None else n
+            totals["reverted_pixels"] += round(reverted_share(label, previous, before) * n)
+            totals["ignore_pixels"] += round(ignore_share(label) * n)
+            ls, t = tag_log_shares(label, classes.tag_vector(rec.tags).nonzero()[0], classes.n)
+            log_shares, tagged = log_shares + ls, tagged + t
+            object_tags = [c for c in (classes.index(x) for x in rec.tags) if c != classes.background]
+            review.append({"image_id": rec.image_id, "corrected": rec.image_id in corrected,
+                           **image_signals(label, prelim, classes.tag_vector(rec.tags), previous, object_tags)})
     store.write_review(round_index, store.shard_name(ids), review)
     result = {"images": len(ids), **totals, "tag_log_shares": log_shares.tolist(), "tagged": tagged.tolist()}
     store.mark_shard_done(round_index, "pseudo", store.shard_name(ids), result)
@@ -484,18 +487,19 @@ def box_grabcut_shard(run_dir: str, ids: list[str], inset: float = 0.1, iteratio
     bg = classes.background
     if bg is None:
         raise ValueError(f"{run_dir}: box GrabCut needs an implicit background class; this corpus has none")
-    for rec in records_by_id(store.manifest(), ids):
-        image = store.image(rec.image_id)
-        obj = [classes.index(t) for t in rec.tags if classes.index(t) != bg]
-        label = np.full(image.shape[:2], bg, np.uint8)
-        if obj:
-            fgm = fg.box_grabcut(image, inset, iterations)
-            cam = store.pseudo(0, rec.image_id, name="cam")
-            if len(obj) == 1 or cam is None:
-                label[fgm] = obj[0]
-            else:
-                counts = [int(np.count_nonzero(cam == c)) for c in obj]
-                fill = np.where(np.isin(cam, obj), cam, obj[int(np.argmax(counts))])
-                label[fgm] = fill[fgm]
-        store.write_pseudo(0, rec.image_id, label, name="box_grabcut")
+    with store.packing(store.shard_name(ids)):  # the shard's labels as one pack
+        for rec in records_by_id(store.manifest(), ids):
+            image = store.image(rec.image_id)
+            obj = [classes.index(t) for t in rec.tags if classes.index(t) != bg]
+            label = np.full(image.shape[:2], bg, np.uint8)
+            if obj:
+                fgm = fg.box_grabcut(image, inset, iterations)
+                cam = store.pseudo(0, rec.image_id, name="cam")
+                if len(obj) == 1 or cam is None:
+                    label[fgm] = obj[0]
+                else:
+                    counts = [int(np.count_nonzero(cam == c)) for c in obj]
+                    fill = np.where(np.isin(cam, obj), cam, obj[int(np.argmax(counts))])
+                    label[fgm] = fill[fgm]
+            store.write_pseudo(0, rec.image_id, label, name="box_grabcut")
     return {"images": len(ids)}

@@ -63,33 +63,34 @@ def refresh_shard(run_dir: str, ids: list[str], round_index: int, key: str, conf
     if not recs:
         return {"images": len(ids), "labelled": 0, "seconds": seconds, "cpu_seconds": time.process_time() - c0}
     classes = store.classes()
-    t = time.perf_counter()
-    for rec in recs:  # 2. superpixels, proposals, edge map (unless cached: the same image seen before)
-        compute_features(store, rec, config.features, key)
-    seconds["features"] = time.perf_counter() - t
-    t = time.perf_counter()
-    # 1. preliminary result by the round's network; a later round that mixes in round 0's CAMs
-    # (prior_weight) needs those first
-    needs_cam = r > 0 and config.prior_weight > 0
-    cam_net = prelim_model(store, 0) if needs_cam else None
-    net, state = prelim_model(store, r)
-    # round 0 of a corpus whose tags carry no contrast: the class-agnostic foreground evidence
-    fg_on = foreground_on(store, config)[0]
-    foreground = (r == 0 or needs_cam) and fg_on
-    corrected = store.corrections().keys()
-    for rec in recs:
-        if cam_net is not None and not store.has_pseudo(0, rec.image_id, name="cam"):
-            preliminary_image(store, rec, 0, *cam_net, classes, key, config, foreground, corrected)
-        preliminary_image(store, rec, r, net, state, classes, key, config, foreground and r == 0, corrected)
-    seconds["prelim"] = time.perf_counter() - t
-    t = time.perf_counter()
-    # 3., 5.-7. the round's proposal and MIL classifiers, filtering, fusion, seeded segmentation
-    clf = store.read_classifier("proposal_classifier", r)["model"]
-    mil_model = round_mil_model(store, r)
-    for rec in recs:
-        pseudo_image(store, rec, r, clf, mil_model, classes, key, config.proposals, config.seed,
-                     config.mil.prior_weight, config.foreground if fg_on else None, corrected)
-    seconds["pseudo"] = time.perf_counter() - t
+    with store.packing(store.shard_name(ids)):  # the shard's arrays as one pack a group, written at the end
+        t = time.perf_counter()
+        for rec in recs:  # 2. superpixels, proposals, edge map (unless cached: the same image seen before)
+            compute_features(store, rec, config.features, key)
+        seconds["features"] = time.perf_counter() - t
+        t = time.perf_counter()
+        # 1. preliminary result by the round's network; a later round that mixes in round 0's CAMs
+        # (prior_weight) needs those first
+        needs_cam = r > 0 and config.prior_weight > 0
+        cam_net = prelim_model(store, 0) if needs_cam else None
+        net, state = prelim_model(store, r)
+        # round 0 of a corpus whose tags carry no contrast: the class-agnostic foreground evidence
+        fg_on = foreground_on(store, config)[0]
+        foreground = (r == 0 or needs_cam) and fg_on
+        corrected = store.corrections().keys()
+        for rec in recs:
+            if cam_net is not None and not store.has_pseudo(0, rec.image_id, name="cam"):
+                preliminary_image(store, rec, 0, *cam_net, classes, key, config, foreground, corrected)
+            preliminary_image(store, rec, r, net, state, classes, key, config, foreground and r == 0, corrected)
+        seconds["prelim"] = time.perf_counter() - t
+        t = time.perf_counter()
+        # 3., 5.-7. the round's proposal and MIL classifiers, filtering, fusion, seeded segmentation
+        clf = store.read_classifier("proposal_classifier", r)["model"]
+        mil_model = round_mil_model(store, r)
+        for rec in recs:
+            pseudo_image(store, rec, r, clf, mil_model, classes, key, config.proposals, config.seed,
+                         config.mil.prior_weight, config.foreground if fg_on else None, corrected)
+        seconds["pseudo"] = time.perf_counter() - t
     run_log(f"refresh with round {r}'s models: {len(recs)} images from {recs[0].image_id}, "
             f"{sum(seconds.values()):.1f} s")
     return {"images": len(ids), "labelled": len(recs), "seconds": seconds, "cpu_seconds": time.process_time() - c0}
