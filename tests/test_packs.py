@@ -31,7 +31,7 @@ def test_a_shard_is_one_pack_and_reads_back(tmp_path):
     # three files a group whatever the number of images: the generation, the pack and its index
     for group in (store.round_dir(0) / "pseudo", store.round_dir(0) / "prelim", store.cache_dir("features", "k")):
         names = _files(group)
-        assert len(names) == 3 and names[0] == "packs.json", names
+        assert len(names) == 4 and names[0] == "packs.json", names
     packs.forget()  # a new process
     fresh = Store(tmp_path)
     for i, iid in enumerate(ids):
@@ -98,7 +98,7 @@ def test_concurrent_shards_into_a_new_group(tmp_path):
         pool.map(_write_shard, [(str(tmp_path), k) for k in range(12)])
     store = Store(tmp_path)
     assert all(store.pseudo(0, f"w{k}-{i}")[0, 0] == 10 * k + i for k in range(12) for i in range(5))
-    assert len(_files(store.round_dir(0) / "pseudo")) == 2 * 12 + 1
+    assert len(_files(store.round_dir(0) / "pseudo")) == 3 * 12 + 1
 
 
 def test_an_older_run_directory_still_reads_and_takes_new_packs(tmp_path):
@@ -144,6 +144,6 @@ def test_packs_on_object_storage(tmp_path, monkeypatch):
     fresh = Store(str(store.root))
     assert all(fresh.pseudo(0, f"i{i}")[0, 0] == i for i in range(5))
     assert np.array_equal(fresh.cached("f", "k", "03" + "0" * 62)["a"], np.arange(5))
-    assert packs.usage(fresh.round_dir(0) / "pseudo")[0] == 3
+    assert packs.usage(fresh.round_dir(0) / "pseudo")[0] == 4
     fresh.drop_labels(["i1"])
     assert Store(str(store.root)).pseudo(0, "i1") is None

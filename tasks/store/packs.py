@@ -3,28 +3,33 @@
 A *pack group* is a folder of one kind of per-image array (a round's preliminary results, its
 pseudo-labels, the feature cache of one key). A shard task writes all its images' arrays as one
 pack: ``packs/<shard>.<token>.pack``, the arrays' zstd-compressed bytes one after another, then
-``packs/<shard>.<token>.json``, its index (name -> offset, length, dtype, shape, attributes),
-written after the data: a pack without its index does not exist for readers, so a shard cut
-short leaves nothing half-written. ``packs.json`` beside ``packs/`` holds the group's
+``<shard>.<token>.keys`` (when it was written and a 64-bit hash of each name), then
+``<shard>.<token>.json``, its index (name -> offset, length, dtype, shape, attributes), written
+last: a pack without its index does not exist for readers, so a shard cut short leaves nothing
+half-written. ``packs.json`` beside ``packs/`` holds the group's
 *generation*, a token that changes when entries are dropped, so that a long-lived process
 (a Dask worker) knows its in-memory index is out of date.
 
-A reader loads the group's indexes once per process (one listing and one read per pack) and
-keeps ``name -> (pack, offset, length, dtype, shape, attributes)``; a name it does not find makes
-it list the folder again for packs written since (another worker's). Reading one array is then
-one ranged read (locally a seek; on object storage one ranged GET). When two packs hold the same
-name, the one written last wins (a shard computed again, a correction of a label).
+A reader lists the group once per task and reads each new pack's keys (:class:`GroupIndex`): it
+holds two arrays, the names' hashes sorted and the pack of each, 12 bytes a name (a round of 10^7
+images: 120 MB a group), and parses a pack's JSON index only when it reads from that pack (at
+most 16 kept). A name it does not find makes it list the folder again for packs written since
+(another worker's). Reading one array is then one ranged read (locally a seek; on object storage
+one ranged GET). When two packs hold the same name, the one written last wins (a shard computed
+again, a label written again).
 
-Files here grow with shards: a round of 10^6 images in shards of 500 is 4,000 files a group,
+Files here grow with shards: a round of 10^6 images in shards of 500 is 6,000 files a group,
 where the per-image layout (:mod:`tasks.store.chunked`) made 2 files an image and array. Nothing
 read runs code: JSON, zstd and ``numpy.frombuffer``.
 """
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import secrets
 import time
+from collections import OrderedDict
 from pathlib import Path
 from typing import Iterable, Iterator
 
@@ -64,6 +69,15 @@ def _read_range(path, offset: int, length: int) -> bytes:
     return path.fs.cat_file(path.path, start=offset, end=offset + length)
 
 
+def name_hash(name: str) -> int:
+    """The 64-bit key of an entry's name in the in-memory index (blake2b)."""
+    return int.from_bytes(hashlib.blake2b(name.encode(), digest_size=8).digest(), "little")
+
+
+def _hashes(names: Iterable[str]) -> np.ndarray:
+    return np.fromiter((name_hash(n) for n in names), np.uint64)
+
+
 class PackWriter:
     """The arrays one shard writes to one pack group, held until :meth:`flush` (nothing is on
     disk before: a shard cut short leaves no part of its pack)."""
@@ -74,7 +88,7 @@ class PackWriter:
 
     def put(self, name: str, arr: np.ndarray, attrs: dict | None = None) -> None:
         arr = np.asarray(arr)
-        if arr.dtype.str not in _DTYPES and _le(arr.dtype).str not in _DTYPES:
+        if _le(arr.dtype).str not in _DTYPES:
             raise ValueError(f"{self.group}: {arr.dtype} arrays cannot be packed")
         self.entries[name] = (np.array(arr, copy=True), attrs)
 
@@ -83,7 +97,8 @@ class PackWriter:
         return None if e is None else (e[0], dict(e[1] or {}))
 
     def flush(self) -> dict:
-        """Write the pack, then its index; returns ``{"files": 2, "bytes": ...}`` (nothing when empty)."""
+        """Write the pack, its keys, then its index; returns ``{"files": 3, "bytes": ...}``
+        (nothing when empty)."""
         if not self.entries:
             return {"files": 0, "bytes": 0}
         stem = f"{self.shard}.{secrets.token_hex(4)}"
@@ -98,21 +113,38 @@ class PackWriter:
         gen = self.group / INDEX_FILE
         if not gen.exists():
             _write_bytes(gen, json.dumps({"generation": secrets.token_hex(8), "format": 1}).encode())
+        written = time.time_ns()
+        keys = _keys_file(written, index)
         _write_bytes(folder / f"{stem}.pack", b"".join(chunks))
-        meta = json.dumps({"pack": f"{stem}.pack", "written": time.time_ns(), "bytes": offset,
+        _write_bytes(folder / f"{stem}.keys", keys)
+        meta = json.dumps({"pack": f"{stem}.pack", "written": written, "bytes": offset,
                            "entries": index}, separators=(",", ":")).encode()
         _write_bytes(folder / f"{stem}.json", meta)  # the index last: it makes the pack visible
-        return {"files": 2, "bytes": offset + len(meta)}
+        ix = _INDEXES.get(str(self.group))
+        if ix is not None:  # this process reads what it wrote
+            if ix.generation is None:  # the group's first pack: its generation is new too
+                ix.refresh()
+            else:
+                ix.add([(f"{stem}.json", written, _hashes(index))])
+        return {"files": 3, "bytes": offset + len(keys) + len(meta)}
 
 
 class GroupIndex:
-    """What one process knows of one pack group: name -> where its bytes are."""
+    """What one process knows of one pack group: which pack holds each name, as two arrays
+    (the names' 64-bit hashes, sorted, and the pack of each: 12 bytes a name, whatever the
+    corpus), and the full indexes of the packs read lately (at most :attr:`OPEN` parsed at once)."""
+
+    #: pack indexes kept parsed (an LRU): a shard task reads a few, a trainer one after another
+    OPEN = 16
 
     def __init__(self, group):
         self.group = group
         self.generation: str | None = None
-        self.loaded: set[str] = set()  # index files read
-        self.entries: dict[str, tuple] = {}  # name -> (pack file, offset, length, dtype, shape, attrs, written)
+        self.packs: list[str] = []  # index file names, in the order read
+        self.written: list[int] = []
+        self.hashes = np.zeros(0, np.uint64)
+        self.slots = np.zeros(0, np.int32)
+        self._parsed: OrderedDict[int, dict] = OrderedDict()
 
     def _generation(self) -> str | None:
         try:
@@ -123,45 +155,92 @@ class GroupIndex:
     def exists(self) -> bool:
         return self._generation() is not None
 
+    def _reset(self, gen: str | None) -> None:
+        self.generation, self.packs, self.written = gen, [], []
+        self.hashes, self.slots = np.zeros(0, np.uint64), np.zeros(0, np.int32)
+        self._parsed.clear()
+
     def refresh(self, check_generation: bool = True) -> None:
-        """Read the index files written since the last look (all of them when the generation
-        changed: entries were dropped or the group was removed and written again)."""
+        """Take in the packs written since the last look (all of them when the generation
+        changed: entries were dropped, or the group was removed and written again)."""
         if check_generation:
             gen = self._generation()
             if gen != self.generation:
-                self.generation, self.loaded, self.entries = gen, set(), {}
+                self._reset(gen)
             if gen is None:
                 return
-        names = [n for n in listdir(self.group / "packs") if n.endswith(".json") and n not in self.loaded]
+        known = set(self.packs)
+        names = sorted(n for n in listdir(self.group / "packs") if n.endswith(".json") and n not in known)
         new = []
         for n in names:
-            try:
-                d = json.loads((self.group / "packs" / n).read_bytes())
-            except (OSError, ValueError):
-                continue  # removed or being replaced meanwhile: the next look reads it
-            new.append((d["written"], n, d))
-        for written, n, d in sorted(new):
-            for name, (off, length, dt, shape, attrs) in d["entries"].items():
-                old = self.entries.get(name)
-                if old is None or old[6] <= written:
-                    self.entries[name] = (d["pack"], off, length, dt, tuple(shape), attrs, written)
-            self.loaded.add(n)
+            stem = n[:-len(".json")]
+            try:  # the keys are written before the index: an index listed has its keys
+                raw = np.frombuffer((self.group / "packs" / f"{stem}.keys").read_bytes(), "<u8").astype(np.uint64)
+            except OSError:
+                continue  # removed meanwhile: the next look sees what is there
+            new.append((n, int(raw[0]), raw[1:]))
+        self.add(new)
 
-    def lookup(self, name: str) -> tuple | None:
-        e = self.entries.get(name)
-        if e is None:
+    def add(self, new: list[tuple[str, int, np.ndarray]]) -> None:
+        """Take in packs ``(index file name, written, name hashes)``."""
+        new = [p for p in new if p[0] not in set(self.packs)]
+        if not new:
+            return
+        hashes, slots = [self.hashes], [self.slots]
+        for n, written, keys in new:
+            self.packs.append(n)
+            self.written.append(written)
+            hashes.append(keys)
+            slots.append(np.full(len(keys), len(self.packs) - 1, np.int32))
+        h, sl = np.concatenate(hashes), np.concatenate(slots)
+        order = np.lexsort((sl, h))  # by hash, then by pack: the equal hashes' packs in the order read
+        self.hashes, self.slots = h[order], sl[order]
+
+    def _pack(self, slot: int) -> dict | None:
+        d = self._parsed.get(slot)
+        if d is not None:
+            self._parsed.move_to_end(slot)
+            return d
+        try:
+            d = json.loads((self.group / "packs" / self.packs[slot]).read_bytes())
+        except (OSError, ValueError):
+            return None
+        self._parsed[slot] = d
+        while len(self._parsed) > self.OPEN:
+            self._parsed.popitem(last=False)
+        return d
+
+    def _find(self, name: str) -> tuple | None:
+        h = np.uint64(name_hash(name))
+        lo = int(np.searchsorted(self.hashes, h, "left"))
+        hi = int(np.searchsorted(self.hashes, h, "right"))
+        best = None  # the newest pack that holds the name (equal hashes: several packs, or a collision)
+        for slot in {int(s) for s in self.slots[lo:hi]}:
+            d = self._pack(slot)
+            e = None if d is None else d["entries"].get(name)
+            if e is not None and (best is None or self.written[slot] > best[0]):
+                best = (self.written[slot], d["pack"], e)
+        if best is None:
+            return None
+        _, pack, (off, length, dt, shape, attrs) = best
+        return pack, off, length, dt, tuple(shape), attrs
+
+    def lookup(self, name: str, look_again: bool = True) -> tuple | None:
+        """Where ``name`` lies: ``(pack, offset, length, dtype, shape, attributes)``, or None.
+        ``look_again``: on a miss, list the folder for packs written since (another process's)."""
+        e = self._find(name)
+        if e is None and look_again:
             self.refresh(check_generation=self.generation is None)
-            e = self.entries.get(name)
+            e = self._find(name)
         return e
 
-    def attrs(self, name: str) -> dict | None:
-        e = self.lookup(name)
+    def attrs(self, name: str, look_again: bool = True) -> dict | None:
+        e = self.lookup(name, look_again)
         return None if e is None else dict(e[5])
 
     def read(self, name: str) -> tuple[np.ndarray, dict] | None:
         """The array ``name`` and its attributes, or None when no pack holds it."""
-        out = self.read_many([name])
-        return out.get(name)
+        return self.read_many([name]).get(name)
 
     def read_many(self, names: Iterable[str]) -> dict[str, tuple[np.ndarray, dict]]:
         """Several arrays; those lying next to each other in one pack are read in one request."""
@@ -184,15 +263,15 @@ class GroupIndex:
                     parts = {n: _read_range(path, e[1], e[2]) for n, e in items}
             except FileNotFoundError:
                 # the pack went (its round was removed and computed again): look again, once
-                self.generation = None
+                self._reset(None)
                 self.refresh()
-                return {n: v for n in found if (v := self._read_one_fresh(n)) is not None}
+                return {n: v for n in found if (v := self._read_fresh(n)) is not None}
             for n, e in items:
                 out[n] = (_decode(parts[n], e), dict(e[5]))
         return out
 
-    def _read_one_fresh(self, name: str) -> tuple[np.ndarray, dict] | None:
-        e = self.entries.get(name)
+    def _read_fresh(self, name: str) -> tuple[np.ndarray, dict] | None:
+        e = self._find(name)
         if e is None:
             return None
         try:
@@ -200,9 +279,14 @@ class GroupIndex:
         except FileNotFoundError:
             return None
 
-    def names(self) -> list[str]:
-        self.refresh()
-        return list(self.entries)
+    def memory_bytes(self) -> int:
+        """Bytes of the name arrays (the parsed pack indexes come on top, at most :attr:`OPEN`)."""
+        return int(self.hashes.nbytes + self.slots.nbytes)
+
+
+def _keys_file(written: int, names: Iterable[str]) -> bytes:
+    """A pack's ``.keys`` file: when it was written (ns), then its names' hashes (uint64, little endian)."""
+    return np.concatenate([np.array([written], np.uint64), _hashes(names)]).astype("<u8").tobytes()
 
 
 def _decode(raw: bytes, e: tuple) -> np.ndarray:
@@ -216,8 +300,8 @@ _INDEXES: dict[str, GroupIndex] = {}
 
 
 def index_of(group, check: bool = False) -> GroupIndex:
-    """This process's index of ``group``; ``check``: compare the group's generation first (once
-    per task: a long-lived worker then sees what another process dropped)."""
+    """This process's index of ``group``; ``check``: compare the group's generation and list its
+    new packs (once per task: a long-lived worker then sees what another process wrote or dropped)."""
     key = str(group)
     ix = _INDEXES.get(key)
     if ix is None:
@@ -255,6 +339,8 @@ def drop(group, names: Iterable[str]) -> int:
         for name in gone:
             d["entries"].pop(name)
         removed += len(gone)
+        stem = n[:-len(".json")]
+        _write_bytes(folder / f"{stem}.keys", _keys_file(d["written"], d["entries"]))
         _write_bytes(folder / n, json.dumps(d, separators=(",", ":")).encode())
     if removed:
         _write_bytes(group / INDEX_FILE, json.dumps({"generation": secrets.token_hex(8), "format": 1}).encode())

@@ -338,14 +338,16 @@ class Store:
     def _get_packed(self, group: Path, legacy: Path, name: str, probe: bool = False) -> tuple | None:
         """``(array, attributes)`` of entry ``name``: from the open block, the group's packs, or
         the per-image array of an older run directory (``legacy``); None when none holds it.
-        ``probe``: attributes only, no data read (the array is returned as None)."""
+        ``probe``: attributes only, no data read (the array is returned as None), and what this
+        instance's first look at the group did not see counts as missing (a corpus's worth of
+        misses lists nothing; a Store is made per task, and the flow asks with a new one)."""
         if self._batch is not None and str(group) in self._batch:
             got = self._batch[str(group)].get(name)
             if got is not None:
                 return got
         ix = self._pack_index(group)
-        if probe:
-            attrs = ix.attrs(name)
+        if probe:  # this task's first look listed the group: a miss is not looked up again
+            attrs = ix.attrs(name, look_again=False)
             if attrs is not None:
                 return None, attrs
         else:

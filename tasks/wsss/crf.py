@@ -321,7 +321,7 @@ def cam_crf_shard(run_dir: str, ids: list[str], crf: dict | None = None, round_i
     done = 0
     with store.packing(store.shard_name(ids)):  # the shard's labels as one pack
         for rec in records_by_id(store.manifest(), ids):
-            if store.pseudo(round_index, rec.image_id, name=name) is not None:
+            if store.has_pseudo(round_index, rec.image_id, name=name):
                 continue
             prelim = store.prelim(round_index, rec.image_id, classes.n)
             label = crf_labels(store.image(rec.image_id), prelim, classes.tag_vector(rec.tags), **(crf or {}))
