@@ -147,3 +147,15 @@ def test_packs_on_object_storage(tmp_path, monkeypatch):
     assert packs.usage(fresh.round_dir(0) / "pseudo")[0] == 4
     fresh.drop_labels(["i1"])
     assert Store(str(store.root)).pseudo(0, "i1") is None
+
+
+def test_a_block_reads_older_packs_beside_its_own(tmp_path):
+    """Inside a shard's block, an image cached by an earlier shard reads from its pack while the
+    block holds other images' entries of the same group (a refresh of new and old images)."""
+    store = Store(tmp_path)
+    old, new = "0a" + "0" * 62, "0b" + "0" * 62
+    store.put_cached("f", "k", old, {"edges": np.ones((2, 2), np.float32), "x": np.arange(3)})
+    with store.packing("refresh"):
+        store.put_cached("f", "k", new, {"edges": np.zeros((2, 2), np.float32), "x": np.arange(4)})
+        assert store.cached("f", "k", old)["edges"].sum() == 4 and len(store.cached("f", "k", new)["x"]) == 4
+        assert list(store.cached("f", "k", old, ("x",))) == ["x"]

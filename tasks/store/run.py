@@ -603,10 +603,11 @@ class Store:
             raise KeyError(f"cached {stage} output of {sha[:12]} has no part {', '.join(missing)} under {base}")
         names = list(have if parts is None else parts)
         keys = [f"{sha[:24]}.{n}" for n in names]
-        if self._batch is not None and str(base) in self._batch:
+        found = {}
+        if self._batch is not None and str(base) in self._batch:  # written by this block
             found = {k: v for k in keys if (v := self._batch[str(base)].get(k)) is not None}
-        else:
-            found = self._pack_index(base).read_many(keys)
+        if len(found) < len(keys):
+            found |= self._pack_index(base).read_many([k for k in keys if k not in found])
         out = {}
         for name, k in zip(names, keys):
             if k in found:
