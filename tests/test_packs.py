@@ -159,3 +159,24 @@ def test_a_block_reads_older_packs_beside_its_own(tmp_path):
         store.put_cached("f", "k", new, {"edges": np.zeros((2, 2), np.float32), "x": np.arange(4)})
         assert store.cached("f", "k", old)["edges"].sum() == 4 and len(store.cached("f", "k", new)["x"]) == 4
         assert list(store.cached("f", "k", old, ("x",))) == ["x"]
+
+
+def test_a_long_lived_instance_reads_what_workers_wrote_since(tmp_path):
+    """The flow's Store asks which images need features (none cached yet), workers then write
+    their packs, and the flow's trainers read every entry with the same Store."""
+    flow = Store(tmp_path)
+    sha = "0c" + "0" * 62
+    assert not flow.has_cached("f", "k", sha) and flow.pseudo(0, "a") is None
+    ctx = mp.get_context("fork")
+    p = ctx.Process(target=_worker_writes, args=(str(tmp_path), sha))
+    p.start()
+    p.join(60)
+    assert p.exitcode == 0
+    assert flow.cached("f", "k", sha)["x"].sum() == 6 and flow.pseudo(0, "a")[0, 0] == 4
+
+
+def _worker_writes(root, sha):
+    s = Store(root)
+    with s.packing("w"):
+        s.put_cached("f", "k", sha, {"x": np.arange(4)})
+        s.write_pseudo(0, "a", _label(4))

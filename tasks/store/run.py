@@ -335,19 +335,21 @@ class Store:
             self._legacy[key] = (legacy / "zarr.json").exists()
         return self._legacy[key]
 
-    def _get_packed(self, group: Path, legacy: Path, name: str, probe: bool = False) -> tuple | None:
+    def _get_packed(self, group: Path, legacy: Path, name: str, probe: bool = False,
+                    expected: bool = False) -> tuple | None:
         """``(array, attributes)`` of entry ``name``: from the open block, the group's packs, or
         the per-image array of an older run directory (``legacy``); None when none holds it.
         ``probe``: attributes only, no data read (the array is returned as None), and what this
         instance's first look at the group did not see counts as missing (a corpus's worth of
-        misses lists nothing; a Store is made per task, and the flow asks with a new one)."""
+        misses lists nothing; a Store is made per task) unless ``expected``: the caller reads it
+        next, so a miss lists the group again for packs written since (another process's)."""
         if self._batch is not None and str(group) in self._batch:
             got = self._batch[str(group)].get(name)
             if got is not None:
                 return got
         ix = self._pack_index(group)
         if probe:  # this task's first look listed the group: a miss is not looked up again
-            attrs = ix.attrs(name, look_again=False)
+            attrs = ix.attrs(name, look_again=expected)
             if attrs is not None:
                 return None, attrs
         else:
@@ -594,7 +596,7 @@ class Store:
         read every epoch by the segmenter's loader: the superpixel parts would double its cost).
         Parts next to each other in a pack are read in one request."""
         base = self.cache_dir(stage, key)
-        got = self._get_packed(base, base, sha[:24], probe=True)
+        got = self._get_packed(base, base, sha[:24], probe=True, expected=True)
         if got is None:
             raise KeyError(f"no cached {stage} output for image sha {sha[:12]} under {base}")
         have = got[1]["parts"]
