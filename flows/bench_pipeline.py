@@ -367,6 +367,7 @@ def incremental_case(b: Bench, n: int, first: bool = True) -> dict:
     if not first:
         return {"skipped": "measured at the first corpus size only"}
     from flows.wsss import check_config, refresh, refresh_round
+    from tasks.corpus.encoders import with_weight_digests
 
     new = max(1, n // 10)
     home = b.path(n, "incremental")
@@ -390,9 +391,11 @@ def incremental_case(b: Bench, n: int, first: bool = True) -> dict:
                          "unchanged": again | {"ms_per_image": 1000 * again["wall_seconds"] / n}}
         # the run on n images: round 0 with its CPU stages measured, then finished as `wsseg train` finishes it
         _say(f"n={n}: round 0 on {b.max_workers} worker(s), then {new} new images ingested and refreshed")
-        check_config(main, b.config)
+        # the round records its weight files' digests, as `wsseg train` does: `wsseg refresh` compares them
+        config = with_weight_digests(b.config)
+        check_config(main, config)
         res = b.round(main, address)
-        on_cluster(refresh_round, address)(str(main.root), 0, b.config, res["feature_key"])
+        on_cluster(refresh_round, address)(str(main.root), 0, config, res["feature_key"])
         grown_ingest = ingest_figures(str(grown))
         t = time.perf_counter()
         done = on_cluster(refresh, address)(str(main.root))
