@@ -35,10 +35,11 @@ config = WSSSConfig.model_validate(main.read_config())
 store = Store(scratch)
 store.share_from(main, ("corpus", "cache", "classifier"))
 store.share_round_from(main, 0, ("prelim", "cam", "pseudo"), ())
-for kind in ("mil", "proposal_classifier"):
+needs = {"proposal_classifier": ("mil",), "segmenter": ("mil", "proposal_classifier")}.get(which, ())
+for kind in needs:  # the round's earlier classifiers, as the trainer finds them in a round
     p = main.checkpoint_path(kind, 0)
     q = store.checkpoint_path(kind, 0)
-    if which in ("proposal_classifier", "segmenter") and p.exists() and not q.exists():
+    if p.exists() and not q.exists():
         q.parent.mkdir(parents=True, exist_ok=True); q.symlink_to(p)
 records = store.manifest(config.split)
 key = feature_key(config.features)
