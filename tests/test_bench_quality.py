@@ -142,14 +142,15 @@ def test_bench_quality_end_to_end(tmp_path, prefect_harness, capsys):
     vdir = run / "ablate-fusion_topk"
     for path in ("corpus", "cache", Store(vdir).checkpoint_path("classifier").name):
         assert (vdir / path).is_symlink() and (vdir / path).resolve() == (run / path).resolve()
-    assert (vdir / "rounds" / "r000" / "prelim.zarr").is_symlink()
+    for group in ("prelim", "cam"):  # round 0's packs: the main run's, linked
+        assert (vdir / "rounds" / "r000" / group).is_symlink()
     assert Store(vdir).read_config()["proposals"]["fusion"] == "topk"
     assert "| fusion_topk |" in out.with_suffix(".md").read_text()
     # label-only: compared with the main run's round 0, and no model is trained after its labels
     assert res["ablation_round"] == 0 and res["ablation_reference_miou"] == res["rounds"][0]["pseudo_label_miou"]
     assert a["delta"] == pytest.approx(a["pseudo_label_miou"] - res["ablation_reference_miou"])
     assert set(a["per_class_iou"]) == set(classes.names)
-    assert (vdir / "rounds" / "r000" / "pseudo.zarr").exists() and not Store(vdir).has_checkpoint("segmenter", 0)
+    assert (vdir / "rounds" / "r000" / "pseudo").is_dir() and not Store(vdir).has_checkpoint("segmenter", 0)
     # the edge channel only feeds the segmenter, so a 1-round ablation cannot measure it
     assert "--ablate-rounds 2" in res["ablations"]["no_edges"]["skipped"] and not (run / "ablate-no_edges").exists()
 

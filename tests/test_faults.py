@@ -63,7 +63,7 @@ def test_sigkill_ends_the_child_processes_and_the_rerun_resumes_bit_identically(
         while time.monotonic() < deadline:  # until the work runs: shard tasks have written features
             kids = [c for c in main.children(recursive=True) if "psutil" not in " ".join(c.cmdline())]
             children |= {c.pid: c.create_time() for c in kids}
-            if len(kids) >= 5 and any((run / "cache").glob("*/*/zarr.json")):
+            if len(kids) >= 5 and any((run / "cache").glob("*/packs/*.json")):
                 break
             assert cmd.poll() is None, "the command ended before it could be killed"
             time.sleep(0.2)
@@ -88,13 +88,19 @@ def test_sigkill_ends_the_child_processes_and_the_rerun_resumes_bit_identically(
 # ---------------------------------------------------------------------------- a worker killed mid-stage
 
 def _cached_arrays(run: Path) -> dict[str, bytes]:
-    """Every cached feature array of a run, by its name under the cache (content-addressed)."""
-    import zarr
+    """Every cached feature array of a run, by its name under the cache (content-addressed), as
+    the packs' indexes list them (a shard's pack is whole or absent)."""
+    import json
+
+    from tasks.store import packs
 
     out = {}
-    for meta in sorted((run / "cache").glob("*/*/zarr.json")):
-        arr = zarr.open_array(str(meta.parent), mode="r")
-        out[str(meta.parent.relative_to(run / "cache"))] = arr[...].tobytes()
+    for group in sorted(p for p in (run / "cache").iterdir() if (p / packs.INDEX_FILE).exists()):
+        ix = packs.GroupIndex(group)
+        ix.refresh()
+        for idx in sorted((group / "packs").glob("*.json")):
+            for name in json.loads(idx.read_text())["entries"]:
+                out[f"{group.name}/{name}"] = ix.read(name)[0].tobytes()
     return out
 
 
@@ -131,7 +137,7 @@ def test_a_worker_killed_mid_stage_changes_nothing(tmp_path, prefect_harness, cl
 
             def shoot() -> None:  # once the stage is under way: a shard's cache entry has appeared
                 deadline = time.monotonic() + 120
-                while time.monotonic() < deadline and not any((run / "cache").glob("*/*/zarr.json")):
+                while time.monotonic() < deadline and not any((run / "cache").glob("*/packs/*.json")):
                     time.sleep(0.05)
                 os.kill(pids[0], signal.SIGKILL)
 
@@ -182,7 +188,7 @@ def test_prefect_server_gone_mid_run_keeps_the_outputs_and_says_what_was_not_rec
                                 str(tmp_path / "tiny.json"), "--workers", "2"], cwd=ROOT, env=env,
                                stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
         deadline = time.monotonic() + 300
-        while time.monotonic() < deadline and not any((run / "cache").glob("*/*/zarr.json")):
+        while time.monotonic() < deadline and not any((run / "cache").glob("*/packs/*.json")):
             assert cmd.poll() is None, cmd.stderr.read()
             time.sleep(0.2)
         os.killpg(server.pid, signal.SIGKILL)  # the server and its children
@@ -192,7 +198,7 @@ def test_prefect_server_gone_mid_run_keeps_the_outputs_and_says_what_was_not_rec
         ours = [line for line in err.splitlines() if line.startswith("wsseg: error:")]
         assert len(ours) == 1 and "stopped answering" in ours[0] and "could not be recorded" in ours[0], err[-3000:]
         assert str(run) in ours[0] and "resume" in ours[0]
-        assert any((run / "cache").glob("*/*/zarr.json"))  # what was computed stays
+        assert any((run / "cache").glob("*/packs/*.json"))  # what was computed stays
     finally:
         for p in (cmd, server):
             if p is not None and p.poll() is None:
