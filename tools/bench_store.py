@@ -29,6 +29,8 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from tasks.config import WSSSConfig  # noqa: E402
+from tasks.corpus.resume import round_inputs  # noqa: E402
 from tasks.store import ImageRecord, Store, chunked  # noqa: E402
 from tasks.wsss.feature_cache import FEATURE_STAGE  # noqa: E402
 
@@ -97,6 +99,8 @@ def write_run(root: Path, layout: str, items: list, key: str, classes, n: int, s
             print(f"  {layout}: {start + len(ids)}/{n} images written", file=sys.stderr, flush=True)
     store.write_corpus(recs, classes)
     store.write_config({"split": "train", "shard_size": shard})
+    # what the round was computed from, as `wsseg train` records it: status finds nothing changed
+    store.write_round_inputs(0, round_inputs(classes, recs, WSSSConfig(split="train", shard_size=shard)))
     store.write_round(0, {"round": 0})
     return {"write_seconds": time.perf_counter() - t0}
 
@@ -149,15 +153,24 @@ def main(argv=None) -> int:
     ap.add_argument("--shard", type=int, default=64, help="images per shard (default 64, the pipeline's)")
     ap.add_argument("--reads", type=int, default=300, help="random reads per kind of array (default 300)")
     ap.add_argument("--distinct", type=int, default=200, help="source images to cycle through (default 200)")
+    ap.add_argument("--again", action="store_true",
+                    help="measure the run directories of an earlier --out again instead of writing them")
     args = ap.parse_args(argv)
     out = Path(args.out)
-    if out.exists():
-        print(f"bench_store: error: {out} exists; give a new --out", file=sys.stderr)
+    if out.exists() and not args.again:
+        print(f"bench_store: error: {out} exists; give a new --out (or --again to measure it again)", file=sys.stderr)
         return 2
-    items, key, extra = source_arrays(Store(args.source), args.distinct)
+    items, key, extra = source_arrays(Store(args.source), 1 if args.again else args.distinct)
+    before = json.loads((out / "store.json").read_text()) if args.again else {}
     res = {"images": args.images, "shard": args.shard, "source": str(args.source), "layouts": {}}
     for layout in ("per-image", "packs"):
-        w = write_run(out / layout, layout, items, key, extra["classes"], args.images, args.shard)
+        if args.again:
+            w = {"write_seconds": before["layouts"][layout]["write_seconds"]}
+            st = Store(out / layout)
+            st.write_round_inputs(0, round_inputs(extra["classes"], st.manifest("train"),
+                                                  WSSSConfig(split="train", shard_size=args.shard)))
+        else:
+            w = write_run(out / layout, layout, items, key, extra["classes"], args.images, args.shard)
         res["layouts"][layout] = {**w, **measure(out / layout, key, args.reads, extra["classes"].n)}
     (out / "store.json").write_text(json.dumps(res, indent=1))
     print(f"\n{args.images} images, shards of {args.shard}; reads: mean ms over {args.reads} random images "
