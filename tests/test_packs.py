@@ -41,6 +41,8 @@ def test_a_shard_is_one_pack_and_reads_back(tmp_path):
         got = fresh.cached("features", "k", f"{i:02x}" + "0" * 62)
         assert np.array_equal(got["ids"], np.arange(i + 1)) and got["edges"].dtype == np.float32
     assert fresh.pseudo(0, "other") is None and not fresh.has_pseudo(1, ids[0])
+    # what a process holds of a group: 12 bytes a name (its hash and its pack), whatever the packs
+    assert packs.index_of(store.round_dir(0) / "pseudo").memory_bytes() == 12 * len(ids)
 
 
 def test_a_block_that_fails_writes_nothing(tmp_path):

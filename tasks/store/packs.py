@@ -30,8 +30,7 @@ import os
 import secrets
 import time
 from collections import OrderedDict
-from pathlib import Path
-from typing import Iterable, Iterator
+from typing import Iterable
 
 import numpy as np
 from numcodecs import Zstd
@@ -366,10 +365,3 @@ def usage(group) -> tuple[int, int]:
     except FileNotFoundError:
         return 0, 0
     return len(listing) + 1, int(sum(e.get("size", 0) for e in listing))
-
-
-def iter_groups(root) -> Iterator[Path]:
-    """Pack groups directly under ``root`` (folders holding ``packs.json``)."""
-    for n in listdir(root):
-        if (root / n / INDEX_FILE).exists():
-            yield root / n
