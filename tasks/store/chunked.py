@@ -60,17 +60,18 @@ def write(path: Path, arr: np.ndarray, attrs: dict | None = None) -> None:
     chunk = _chunk_path(path, arr.ndim)
     chunk.parent.mkdir(parents=True, exist_ok=True)
     data = np.ascontiguousarray(arr, dtype=dtype.newbyteorder("<") if dtype.itemsize > 1 else dtype)
-    _atomic(chunk, _ZSTD.encode(data.tobytes()))
+    atomic_write(chunk, _ZSTD.encode(data.tobytes()))
     meta = {"shape": list(arr.shape), "data_type": SUPPORTED[dtype],
             "chunk_grid": {"name": "regular", "configuration": {"chunk_shape": list(arr.shape)}},
             "chunk_key_encoding": {"name": "default", "configuration": {"separator": "/"}},
             "fill_value": False if dtype == np.bool_ else (0.0 if dtype.kind == "f" else 0),
             "codecs": _codecs(dtype), "attributes": dict(attrs or {}), "zarr_format": 3, "node_type": "array",
             "storage_transformers": []}
-    _atomic(meta_path, json.dumps(meta, indent=2).encode())
+    atomic_write(meta_path, json.dumps(meta, indent=2).encode())
 
 
-def _atomic(path: Path, data: bytes) -> None:
+def atomic_write(path: Path, data: bytes) -> None:
+    """``data`` into ``path`` through a temporary file renamed into place."""
     tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
     tmp.write_bytes(data)
     os.replace(tmp, path)

@@ -35,6 +35,7 @@ from typing import Iterable
 import numpy as np
 from numcodecs import Zstd
 
+from tasks.store import chunked
 from tasks.store.remote import is_local, listdir
 
 __all__ = ["PackWriter", "GroupIndex", "index_of", "drop", "usage", "forget", "INDEX_FILE"]
@@ -55,9 +56,7 @@ def _write_bytes(path, data: bytes) -> None:
         path.write_bytes(data)
         return
     path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-    tmp.write_bytes(data)
-    os.replace(tmp, path)
+    chunked.atomic_write(path, data)
 
 
 def _read_range(path, offset: int, length: int) -> bytes:
@@ -182,7 +181,8 @@ class GroupIndex:
 
     def add(self, new: list[tuple[str, int, np.ndarray]]) -> None:
         """Take in packs ``(index file name, written, name hashes)``."""
-        new = [p for p in new if p[0] not in set(self.packs)]
+        known = set(self.packs)
+        new = [p for p in new if p[0] not in known]
         if not new:
             return
         hashes, slots = [self.hashes], [self.slots]
