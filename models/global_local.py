@@ -36,7 +36,7 @@ its own.
 
 from __future__ import annotations
 
-from typing import Callable, Sequence
+from typing import Callable, Mapping, Sequence
 
 import numpy as np
 import torch
@@ -177,8 +177,10 @@ class GlobalLocalNet(nn.Module):
     backbone : {"hrnet", "lite0", "lite1", "lite2"}
         The patches' (and coarse images') backbone: :class:`CompactHRNet` from scratch, or an
         EfficientNet-Lite with ImageNet weights (:class:`models.lite_nets.LiteStride4`).
-    pretrained : bool
-        A lite backbone starts from ImageNet's weights (False when a checkpoint is rebuilt).
+    weights : mapping of str to Tensor, optional
+        A lite backbone's ImageNet state dict (of the ``backbone`` variant), loaded into it (and into
+        the coarse backbone) with its early blocks frozen; None: a random start (a checkpoint
+        rebuilt, or ``pretrained`` false in :func:`tasks.store.checkpoints.build_network`).
     """
 
     def __init__(self, num_classes: int, in_channels: int = 3, *, patch_size: int = 512, width: int = 32,
@@ -188,10 +190,12 @@ class GlobalLocalNet(nn.Module):
                  spatial: bool = True, coarse_size: int | None = None, global_weight: float | None = None,
                  coarse_head: bool = False, coarse_residual: bool = False, residual_gate: bool = False,
                  coarse_backbone: bool = False, residual_init: str = "zero", backbone: str = "hrnet",
-                 pretrained: bool = True) -> None:
+                 weights: Mapping[str, Tensor] | None = None) -> None:
         super().__init__()
         if backbone not in ("hrnet", "lite0", "lite1", "lite2"):
             raise ValueError(f"backbone must be hrnet, lite0, lite1 or lite2, got {backbone!r}")
+        if weights is not None and backbone == "hrnet":
+            raise ValueError("weights are ImageNet's for a lite backbone; the hrnet backbone starts at random")
         if coarse_residual and not (coarse_head and use_global):
             raise ValueError("coarse_residual needs coarse_head=True and use_global=True")
         if coarse_backbone and not use_global:
@@ -220,7 +224,7 @@ class GlobalLocalNet(nn.Module):
             if backbone == "hrnet":
                 return CompactHRNet(in_channels, width, blocks, norm_layer)
             from models.lite_nets import LiteStride4  # ImageNet-pretrained (issue 31)
-            return LiteStride4(in_channels, width, backbone, pretrained)
+            return LiteStride4(in_channels, width, backbone, weights)
 
         self.backbone = make_backbone()
         if coarse_backbone:  # the coarse image gets its own weights (GLNet's global branch)

@@ -6,8 +6,14 @@ Both take the inputs every wsseg network takes (:func:`tasks.common.training.to_
 ImageNet's mean and std, plus the edge channel for the segmenter) and turn the RGB channels into
 the Lite weights' own scale, ``(x - 127) / 128``, inside the network (:class:`LiteInput`), so
 the data path is one for every network.
+
+``weights`` is the encoder's ImageNet state dict (read by the caller:
+:func:`tasks.store.checkpoints.build_network` turns the option ``pretrained`` into it) or None, a
+random start; the early blocks are frozen exactly when it is given (:func:`freeze_early`).
 """
 from __future__ import annotations
+
+from collections.abc import Mapping
 
 import torch
 import torch.nn.functional as F
@@ -87,13 +93,13 @@ class LiteClassifier(_LiteNet):
     map's global average (B, K), ``cam`` the map itself (B, K, H/s, W/s)."""
 
     def __init__(self, num_classes: int, in_channels: int = 3, variant: str = "lite0", stride: int = 16,
-                 pretrained: bool = True):
+                 weights: Mapping[str, Tensor] | None = None):
         super().__init__()
         if stride not in (8, 16, 32):
             raise ValueError(f"stride must be 8, 16 or 32, got {stride}")
         self.input = LiteInput()
-        self.encoder = efficientnet_lite(variant, in_channels=in_channels, output_stride=stride, pretrained=pretrained)
-        freeze_early(self.encoder, FROZEN_BLOCKS if pretrained is not False else 0)
+        self.encoder = efficientnet_lite(variant, in_channels=in_channels, output_stride=stride, weights=weights)
+        freeze_early(self.encoder, FROZEN_BLOCKS if weights is not None else 0)
         self.dropout = nn.Dropout2d(0.2)
         self.classifier = nn.Conv2d(self.encoder.out_channels[-1], num_classes, 1)
 
@@ -125,15 +131,14 @@ class LiteSegNet(_LiteNet):
     them that freezing saves (on 2 CPU cores most of a step's cost)."""
 
     def __init__(self, num_classes: int, in_channels: int = 4, variant: str = "lite0", output_stride: int = 16,
-                 decoder: int = 96, pretrained: bool = True):
+                 decoder: int = 96, weights: Mapping[str, Tensor] | None = None):
         super().__init__()
         if in_channels not in (3, 4):
             raise ValueError(f"in_channels must be 3 (RGB) or 4 (RGB + edge map), got {in_channels}")
         self.input = LiteInput()
         self.extra = in_channels - 3
-        self.encoder = efficientnet_lite(variant, in_channels=3, output_stride=output_stride,
-                                         pretrained=pretrained)
-        freeze_early(self.encoder, FROZEN_BLOCKS if pretrained is not False else 0)
+        self.encoder = efficientnet_lite(variant, in_channels=3, output_stride=output_stride, weights=weights)
+        freeze_early(self.encoder, FROZEN_BLOCKS if weights is not None else 0)
         _, c2, _, c4, c5 = self.encoder.out_channels
         d = decoder
         self.context = nn.Sequential(nn.Conv2d(c5 + c4, d, 1, bias=False), nn.BatchNorm2d(d), nn.ReLU(inplace=True))
@@ -173,13 +178,14 @@ class LiteStride4(_LiteNet):
 
     stride = 4
 
-    def __init__(self, in_channels: int = 3, width: int = 32, variant: str = "lite0", pretrained: bool = True):
+    def __init__(self, in_channels: int = 3, width: int = 32, variant: str = "lite0",
+                 weights: Mapping[str, Tensor] | None = None):
         super().__init__()
         if in_channels != 3:
             raise ValueError(f"the lite backbone takes RGB (in_channels 3), got {in_channels}")
         self.input = LiteInput()
-        self.encoder = efficientnet_lite(variant, output_stride=16, pretrained=pretrained)
-        freeze_early(self.encoder, 3 if pretrained is not False else 0)  # through stride 4
+        self.encoder = efficientnet_lite(variant, output_stride=16, weights=weights)
+        freeze_early(self.encoder, 3 if weights is not None else 0)  # through stride 4
         self.out_channels = width
         self._last = self.encoder._level_ends[3]  # the stride-16 level's last block
         self.lateral = nn.ModuleList(nn.Sequential(nn.Conv2d(self.encoder.out_channels[i], width, 1, bias=False),
@@ -202,13 +208,13 @@ class LiteStride4(_LiteNet):
 
 
 def lite_classifier(num_classes: int, in_channels: int = 3, *, variant: str = "lite0", stride: int = 16,
-                    pretrained: bool = True) -> LiteClassifier:
-    return LiteClassifier(num_classes, in_channels, variant, stride, pretrained)
+                    weights: Mapping[str, Tensor] | None = None) -> LiteClassifier:
+    return LiteClassifier(num_classes, in_channels, variant, stride, weights)
 
 
 def lite_segnet(num_classes: int, in_channels: int = 4, *, variant: str = "lite0", output_stride: int = 16,
-                decoder: int = 96, pretrained: bool = True) -> LiteSegNet:
-    return LiteSegNet(num_classes, in_channels, variant, output_stride, decoder, pretrained)
+                decoder: int = 96, weights: Mapping[str, Tensor] | None = None) -> LiteSegNet:
+    return LiteSegNet(num_classes, in_channels, variant, output_stride, decoder, weights)
 
 
 def is_lite(net: nn.Module) -> bool:

@@ -6,6 +6,12 @@ import pytest
 import torch
 
 from models.backbones import load_backbone_weights, mobilenet_v2, resnet50
+from tasks.store.checkpoints import backbone_weights
+
+
+def _load_file(model, path, **kw):
+    """A torchvision file read by the store, loaded by the model's loader (as build_network does)."""
+    return load_backbone_weights(model, backbone_weights(path), source=str(path), **kw)
 
 # A sample of torchvision's state_dict keys and shapes (torchvision.models.resnet50 /
 # mobilenet_v2, ImageNet checkpoints resnet50-0676ba61.pth / mobilenet_v2-b0353104.pth).
@@ -156,7 +162,10 @@ def test_round_trip_with_four_channel_stem(tmp_path, mnv2):
     saved = mnv2.state_dict()
     torch.save(saved, path)
     model = mobilenet_v2(in_channels=4)
-    assert load_backbone_weights(model, path) is model
+    assert _load_file(model, path) is model
+    direct = mobilenet_v2(in_channels=4)  # the models level takes the state dict itself
+    assert load_backbone_weights(direct, saved) is direct
+    assert all(torch.equal(v, model.state_dict()[k]) for k, v in direct.state_dict().items())
     loaded = model.state_dict()
     w = loaded["features.0.0.weight"]
     assert w.shape == (32, 4, 3, 3)
@@ -183,8 +192,8 @@ def test_round_trip_resnet50_drop_head(tmp_path, r50):
     torch.save(saved, path)
     model = resnet50(in_channels=4, num_classes=0)
     with pytest.raises(ValueError, match="unexpected keys.*'fc.weight'"):
-        load_backbone_weights(model, path)
-    load_backbone_weights(model, path, drop_head=True)
+        _load_file(model, path)
+    _load_file(model, path, drop_head=True)
     w = model.conv1.weight.detach()
     torch.testing.assert_close(w[:, :3], saved["conv1.weight"], rtol=0, atol=0)
     torch.testing.assert_close(w[:, 3], saved["conv1.weight"].mean(dim=1), rtol=0, atol=0)
@@ -192,7 +201,7 @@ def test_round_trip_resnet50_drop_head(tmp_path, r50):
     # Another head size: mismatched head dropped, model's own head kept.
     other = resnet50(num_classes=21, base_channels=64)
     head_before = other.fc.weight.detach().clone()
-    load_backbone_weights(other, path, drop_head=True)
+    _load_file(other, path, drop_head=True)
     torch.testing.assert_close(other.fc.weight.detach(), head_before, rtol=0, atol=0)
     torch.testing.assert_close(other.conv1.weight.detach(), saved["conv1.weight"], rtol=0, atol=0)
 
@@ -204,7 +213,7 @@ def test_old_checkpoint_without_num_batches_tracked_and_module_prefix(tmp_path):
     path = tmp_path / "old.pth"
     torch.save({"state_dict": sd}, path)
     dst = mobilenet_v2(width_mult=0.25)
-    load_backbone_weights(dst, path)
+    _load_file(dst, path)
     torch.testing.assert_close(dst.features[5].conv[2].weight, src.features[5].conv[2].weight, rtol=0, atol=0)
 
 
@@ -212,7 +221,7 @@ def test_mismatched_checkpoint_gives_clear_error(tmp_path):
     path = tmp_path / "thin.pth"
     torch.save(mobilenet_v2(width_mult=0.5).state_dict(), path)
     with pytest.raises(ValueError) as err:
-        load_backbone_weights(mobilenet_v2(), path)
+        _load_file(mobilenet_v2(), path)
     msg = str(err.value)
     assert "thin.pth" in msg and "mis-shaped" in msg and "features.0.0.weight" in msg
     assert "width_mult=1.0" in msg
@@ -220,7 +229,7 @@ def test_mismatched_checkpoint_gives_clear_error(tmp_path):
     wrong_arch = tmp_path / "mobilenet.pth"
     torch.save(mobilenet_v2(width_mult=0.25).state_dict(), wrong_arch)
     with pytest.raises(ValueError) as err:
-        load_backbone_weights(resnet50(base_channels=16), wrong_arch)
+        _load_file(resnet50(base_channels=16), wrong_arch)
     msg = str(err.value)
     assert "mobilenet.pth" in msg and "ResNet" in msg
     assert "missing keys ('conv1.weight'" in msg and "unexpected keys ('features.0.0.weight'" in msg
@@ -228,6 +237,6 @@ def test_mismatched_checkpoint_gives_clear_error(tmp_path):
     not_sd = tmp_path / "list.pth"
     torch.save([torch.zeros(1)], not_sd)
     with pytest.raises(ValueError, match="list.pth.*expected a state_dict"):
-        load_backbone_weights(mobilenet_v2(), not_sd)
+        _load_file(mobilenet_v2(), not_sd)
     with pytest.raises(FileNotFoundError, match="nope.pth"):
-        load_backbone_weights(mobilenet_v2(), tmp_path / "nope.pth")
+        _load_file(mobilenet_v2(), tmp_path / "nope.pth")

@@ -48,6 +48,10 @@ def test_pickled_payload_is_refused_and_never_runs(tmp_path):
     assert not marker.exists()
     with pytest.raises(CheckpointError):  # the other readers use the same door
         load_classifier(evil)
+    from tasks.store.checkpoints import backbone_weights, read_local
+    for read in (read_local, backbone_weights):  # the weight files' readers too
+        with pytest.raises(CheckpointError, match="refused"):
+            read(evil)
     assert StateFile(evil).load() is None  # a training state that is not plain data: start over
     assert not marker.exists()
 

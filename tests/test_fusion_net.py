@@ -6,6 +6,7 @@ import torch.nn.functional as F
 
 from models.backbones import mobilenet_v2, resnet50
 from models.fusion_net import FusionNet, fusion_net
+from tasks.store.checkpoints import CheckpointError, build_network
 
 
 @pytest.fixture(scope="module", autouse=True)
@@ -102,7 +103,10 @@ def test_pretrained_checkpoints_load(tmp_path):
     paths = {"resnet50": tmp_path / "r50.pth", "mobilenet_v2": tmp_path / "mnv2.pth"}
     torch.save(r_sd, paths["resnet50"])
     torch.save(m_sd, paths["mobilenet_v2"])
-    net = fusion_net(21, in_channels=4, pretrained=paths)
+    net = build_network("fusion", 21, in_channels=4, pretrained=paths)  # the files, read by the store
+    at_models_level = fusion_net(21, in_channels=4, weights={"resnet50": r_sd, "mobilenet_v2": m_sd})
+    assert all(torch.equal(v, at_models_level.state_dict()[k]) for k, v in net.state_dict().items()
+               if ".encoders." in f".{k}")
     enc = net.encoders
     torch.testing.assert_close(enc["resnet50"].conv1.weight[:, :3].detach(), r_sd["conv1.weight"], rtol=0, atol=0)
     torch.testing.assert_close(enc["resnet50"].conv1.weight[:, 3].detach(),
@@ -115,14 +119,33 @@ def test_pretrained_checkpoints_load(tmp_path):
                                m_sd["features.17.conv.2.weight"], rtol=0, atol=0)
     # Swapped files: a clear error naming the file.
     with pytest.raises(ValueError, match="mnv2.pth"):
-        fusion_net(21, pretrained={"resnet50": paths["mobilenet_v2"]})
+        build_network("fusion", 21, pretrained={"resnet50": paths["mobilenet_v2"]})
+    # the names are checked before any file is read; a file holding code is refused, never run
+    with pytest.raises(ValueError, match="valid keys"):
+        build_network("fusion", 3, pretrained={"vgg16": tmp_path / "missing.pth"})
+    evil = tmp_path / "evil.pth"
+    torch.save({"conv1.weight": _Payload(tmp_path / "ran")}, evil)
+    with pytest.raises(CheckpointError, match="evil.pth: refused"):
+        build_network("fusion", 21, pretrained={"resnet50": evil})
+    assert not (tmp_path / "ran").exists()
+
+
+class _Payload:
+    def __init__(self, marker):
+        self.marker = str(marker)
+
+    def __reduce__(self):
+        import os
+        return os.system, (f"touch {self.marker}",)
 
 
 def test_invalid_arguments():
     with pytest.raises(ValueError, match="width=1.0"):
-        fusion_net(3, width=0.5, pretrained={"resnet50": "x.pth"})
+        fusion_net(3, width=0.5, weights={"resnet50": {}})
+    with pytest.raises(ValueError, match="width=1.0"):
+        build_network("fusion", 3, width=0.5, pretrained={"resnet50": "x.pth"})
     with pytest.raises(ValueError, match="valid keys"):
-        fusion_net(3, width=0.25, pretrained={"vgg16": "x.pth"})
+        fusion_net(3, width=0.25, weights={"vgg16": {}})
     with pytest.raises(ValueError, match="decoder_channels"):
         fusion_net(3, width=0.25, decoder_channels=(16, 32))
     with pytest.raises(ValueError, match="num_classes"):

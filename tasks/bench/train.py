@@ -169,12 +169,12 @@ def measure_training(model, ds, cfg, *, steps: int, warmup: int = 2,
 
 # ============================================================================ 3. the bench
 def _build(name: str, num_classes: int, options: dict, size: int):
-    import models
+    from tasks.store import build_network
 
     opts = dict(options)
     if name == "global_local":
         opts.setdefault("patch_size", size)  # one patch per crop, as in patch training
-    return models.build_model(name, num_classes, in_channels=4, **opts), opts
+    return build_network(name, num_classes, in_channels=4, **opts), opts
 
 
 def run_bench(model: str, out: str | os.PathLike | None = None, *, size: int = 256, batch: int = 8,

@@ -40,7 +40,7 @@ import numpy as np
 
 from tasks.common.training import BatchSource, reduce_fractions, soft_cross_entropy  # noqa: F401 (re-exported)
 from tasks.runtime.memory import status_kb
-from tasks.store import files
+from tasks.store import build_network, files
 
 __all__ = ["reduce_mask", "reduce_fractions", "soft_cross_entropy", "upsample_labels", "load_split", "load_images",
            "dataset_classes", "PatchBatches", "train_highres", "confusion", "vessel_scores", "class_scores", "predict",
@@ -623,8 +623,6 @@ def train_variant(name: str, data: BenchData, *, options: dict, steps: int, batc
     import cv2
     import torch
 
-    import models
-
     variant = VARIANTS[name] if variant is None else variant
     images, masks = data.images, data.masks
     if variant.downsampled:
@@ -633,8 +631,8 @@ def train_variant(name: str, data: BenchData, *, options: dict, steps: int, batc
         masks = [reduce_mask(m, (p, p)) for m in masks]
     opts = variant_options(variant, options)
     torch.manual_seed(seed)
-    model = models.build_model("global_local", data.num_classes, in_channels=3, **opts,
-                               **({} if variant.use_global else {"use_global": False}))
+    model = build_network("global_local", data.num_classes, in_channels=3, **opts,
+                          **({} if variant.use_global else {"use_global": False}))
     t = time.perf_counter()
     model, losses = train_highres(images, masks, model=model, patch_size=options["patch_size"], steps=steps,
                                   batch=batch, lr=lr, seed=seed, device=device, balanced=balanced,

@@ -7,17 +7,20 @@ Everything else asks it: ``store.image(id)``, ``store.write_pseudo(round, id, la
   checkpoints, configuration, summaries).
 * :mod:`tasks.store.remote`: a run directory on object storage (an fsspec URL such as
   ``s3://bucket/run``), its storage options and its local state folder.
-* :mod:`tasks.store.checkpoints`: checkpoint files, written atomically and read with
-  ``torch.load(weights_only=True)``; networks rebuilt from the registry by name.
+* :mod:`tasks.store.checkpoints`: every torch file, written atomically and read with
+  ``torch.load(weights_only=True)`` (checkpoints, the ImageNet and torchvision weight files);
+  networks built (:func:`build_network`: the ``pretrained`` option read into weights) and
+  rebuilt from the registry by name.
 """
-from tasks.store.checkpoints import (CheckpointError, StateFile, load_classifier, load_model, read_file,
-                                     save_classifier, save_model)
+from tasks.store.checkpoints import (CheckpointError, StateFile, build_network, imagenet_weights, load_classifier,
+                                     load_model, read_file, save_classifier, save_model)
 from tasks.store.lock import RunLock, RunLockedError
 from tasks.store.remote import RemoteStoreError
 from tasks.store.run import (MANIFEST_SCHEMA, ClassSpec, ImageRecord, Store, arrays_to_sparse, corpus_hash,
                              params_key, records_by_id, sha256_file, sparse_to_arrays, valid_id)
 
-__all__ = ["Store", "RunLock", "RunLockedError", "RemoteStoreError", "ClassSpec", "ImageRecord", "StateFile", "CheckpointError", "load_model", "save_model",
-           "load_classifier", "save_classifier", "read_file", "MANIFEST_SCHEMA", "arrays_to_sparse",
-           "sparse_to_arrays", "params_key", "records_by_id", "sha256_file", "valid_id", "corpus_hash"]
+__all__ = ["Store", "RunLock", "RunLockedError", "RemoteStoreError", "ClassSpec", "ImageRecord", "StateFile",
+           "CheckpointError", "load_model", "save_model", "build_network", "imagenet_weights", "load_classifier",
+           "save_classifier", "read_file", "MANIFEST_SCHEMA", "arrays_to_sparse", "sparse_to_arrays", "params_key",
+           "records_by_id", "sha256_file", "valid_id", "corpus_hash"]
 from tasks.store import files  # noqa: E402,F401  (user files: images, masks, label PNGs, run lookup)

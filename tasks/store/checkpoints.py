@@ -1,13 +1,16 @@
-"""Checkpoint files: the only code that calls ``torch.save``, and (through
-:mod:`models.torch_files`, which also reads the ImageNet weight files) ``torch.load``.
+"""Torch files: the only code that calls ``torch.save`` and ``torch.load``, and the one place
+that turns a network's weight options into weights (:func:`build_network`).
 
 Every file is written atomically (a temporary file in the same folder, then a rename) and read
-with ``torch.load(weights_only=True)``: a checkpoint holds tensors and plain data (numbers,
-strings, lists, dicts), never code. A network is rebuilt from its checkpoint by a builder taken
-from the model registry (:func:`models.build_model`) by name, so a file cannot name a function to
-run either.
+with ``torch.load(weights_only=True)`` (:func:`read_plain`, the one call): a file holds tensors
+and plain data (numbers, strings, lists, dicts), never code. A network is rebuilt from its
+checkpoint by a builder taken from the model registry (:func:`models.build_model`) by name, so a
+file cannot name a function to run either. :mod:`models` reads no file: its networks take
+weights as state dicts, which :func:`build_network` reads here from the user's options
+(``pretrained``): the ImageNet files of the EfficientNet-Lite packages (:func:`imagenet_weights`)
+and torchvision checkpoints for the fusion network (:func:`backbone_weights`).
 
-Three kinds of file:
+Three kinds of file are written and read back:
 
 * **model checkpoints** (:func:`save_model` / :func:`load_model`): weights plus how to rebuild
   the network (registry name, class count, input channels, builder options) and free metadata;
@@ -19,20 +22,25 @@ Three kinds of file:
 """
 from __future__ import annotations
 
+import inspect
 import io
 import os
+import pickle
 import tempfile
+from collections.abc import Iterator, Mapping
+from functools import lru_cache
 from pathlib import Path
 from typing import Any
 
 import torch
-from torch import nn
+from torch import Tensor, nn
 
+from models import efficientnet_lite as el
 from models.proposal_mlp import ProposalMLP
-from models.torch_files import CheckpointError, read_plain
 
-__all__ = ["CheckpointError", "read_file", "save_model", "load_model", "save_classifier", "load_classifier",
-           "StateFile"]
+__all__ = ["CheckpointError", "read_plain", "read_local", "read_file", "imagenet_weights", "backbone_weights",
+           "build_network", "network_options", "check_network_options", "save_model", "load_model",
+           "save_classifier", "load_classifier", "StateFile"]
 
 #: builder references of checkpoints written before the registry knew every network by name
 LEGACY_BUILDERS = {"models.small:image_classifier": "image_classifier",
@@ -68,9 +76,54 @@ def _atomic_save(obj: Any, path: str | os.PathLike) -> Path:
     return path
 
 
+class CheckpointError(ValueError):
+    """A torch file that cannot be used; the message names the file and the problem."""
+
+
+def _load(source, name, device: str | torch.device = "cpu") -> Any:
+    """The one ``torch.load`` of wsseg: ``weights_only=True``, tensors and plain data only; its
+    refusals and failures become a :class:`CheckpointError` naming ``name``."""
+    try:
+        return torch.load(source, map_location=device, weights_only=True)
+    except pickle.UnpicklingError as e:
+        lines = [ln.strip() for ln in str(e).splitlines() if ln.strip()]
+        first = next((ln for ln in lines if "GLOBAL" in ln or "Unsupported" in ln), lines[-1] if lines else
+                     type(e).__name__)
+        raise CheckpointError(f"{name}: refused: the file holds more than tensors and plain data, and "
+                              f"wsseg never runs code from a file ({first})") from None
+    except (OSError, RuntimeError, EOFError, ValueError, KeyError, IndexError) as e:
+        raise CheckpointError(f"{name}: not a readable checkpoint, truncated or not written by torch "
+                              f"({type(e).__name__}: {str(e).strip().splitlines()[0] if str(e).strip() else ''})") \
+            from None
+
+
+def read_plain(source, name, device: str | torch.device = "cpu") -> dict:
+    """The plain content of the torch file ``source`` (a local path or a file object; ``name``
+    names it in errors), loaded with ``weights_only=True``: tensors and plain data only.
+
+    Raises
+    ------
+    CheckpointError
+        When the file is cut short, not a torch file, not a dict, or holds anything but tensors
+        and plain data (a pickled object or function is refused, never run).
+    """
+    state = _load(source, name, device)
+    if not isinstance(state, dict):
+        raise CheckpointError(f"{name}: not a wsseg checkpoint (a {type(state).__name__}, not a dict)")
+    return state
+
+
+def read_local(path, device: str | torch.device = "cpu") -> dict:
+    """:func:`read_plain` of a local file; a missing one is a :class:`CheckpointError` too."""
+    path = Path(path)
+    if not path.is_file():
+        raise CheckpointError(f"{path}: no such checkpoint file")
+    return read_plain(path, path, device)
+
+
 def read_file(path: str | os.PathLike, device: str | torch.device = "cpu") -> dict:
     """The plain content of a checkpoint file, local or on object storage, loaded with
-    ``weights_only=True`` (:func:`models.torch_files.read_plain`).
+    ``weights_only=True`` (:func:`read_plain`).
 
     Raises
     ------
@@ -82,6 +135,160 @@ def read_file(path: str | os.PathLike, device: str | torch.device = "cpu") -> di
     if not path.is_file():
         raise CheckpointError(f"{path}: no such checkpoint file")
     return read_plain(path if isinstance(path, Path) else io.BytesIO(path.read_bytes()), path, device)
+
+
+# ---------------------------------------------------------------------------- weights of new networks
+@lru_cache(maxsize=4)
+def _imagenet_state(path: str, size: int, mtime_ns: int) -> dict[str, Tensor]:
+    state = read_local(path)
+    if not all(isinstance(k, str) and isinstance(v, Tensor) for k, v in state.items()):
+        raise CheckpointError(f"{path}: not a state dict (names and tensors)")
+    return state
+
+
+def imagenet_weights(variant: str) -> dict[str, Tensor]:
+    """The ImageNet state dict of EfficientNet-Lite ``variant``, from the weight file of its pinned
+    package (:func:`models.efficientnet_lite.weights_path`), read through :func:`read_local`.
+
+    Read once per process and file content (the cache is keyed by path, size and modification
+    time): each call returns a new dict of the same tensors, which the networks copy
+    (``load_state_dict``) and nothing modifies in place.
+
+    Raises
+    ------
+    PretrainedWeightsError
+        One line naming the package and the from-scratch option: the package is not installed,
+        or its file is missing or damaged.
+    """
+    path = el.weights_path(variant)  # not installed: PretrainedWeightsError
+    try:
+        if not path.is_file():
+            raise CheckpointError(f"{path}: no such checkpoint file")
+        st = path.stat()
+        state = _imagenet_state(str(path), st.st_size, st.st_mtime_ns)
+    except CheckpointError as exc:
+        raise el.PretrainedWeightsError(
+            f"the weight file of package {el.VARIANTS[variant][2]} is damaged: {exc}; reinstall the package, "
+            f"or {el.FROM_SCRATCH}") from None
+    return dict(state)
+
+
+def backbone_weights(path: str | os.PathLike) -> dict[str, Tensor]:
+    """The state dict of a torchvision checkpoint file (``segmentation.backbone_weights``, the
+    fusion network's encoders), read through :func:`read_plain`; a dict holding only
+    ``'state_dict'`` or ``'model'`` is unwrapped and a ``'module.'`` prefix stripped.
+
+    Raises
+    ------
+    FileNotFoundError
+        When ``path`` does not exist.
+    CheckpointError
+        When the file is damaged or holds more than tensors and plain data.
+    ValueError
+        When it holds no state dict (the message names the file).
+    """
+    from models.backbones import unwrap_state_dict
+
+    path = os.fspath(path)
+    if not os.path.isfile(path):
+        raise FileNotFoundError(f"checkpoint not found: {path!r}; pass the path of a torchvision state_dict file")
+    return unwrap_state_dict(_load(path, path), path)
+
+
+class _BackboneFiles(Mapping):
+    """Encoder name -> state dict of its file, each read when it is loaded (after the fusion
+    network checked the names), one at a time."""
+
+    def __init__(self, paths: Mapping[str, str | os.PathLike]):
+        self.paths = {k: os.fspath(v) for k, v in paths.items()}
+
+    def __getitem__(self, key: str) -> dict[str, Tensor]:
+        return backbone_weights(self.paths[key])
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self.paths)
+
+    def __len__(self) -> int:
+        return len(self.paths)
+
+
+#: the networks whose option ``pretrained`` :func:`build_network` turns into weights, and its
+#: default: ImageNet's for the lite networks and global_local's lite backbones (a bool), the
+#: fusion network's torchvision files (``{"resnet50": path, "mobilenet_v2": path}`` or None)
+PRETRAINED = {"lite": True, "lite_classifier": True, "global_local": True, "fusion": None}
+
+
+def network_options(name: str) -> tuple[str, ...]:
+    """The options a configuration may give network ``name``: its builder's, with ``pretrained``
+    in place of ``weights`` (state dicts, which only :func:`build_network` passes)."""
+    import models
+
+    own = tuple(o for o in models.option_names(name) if o != "weights")
+    return own + (("pretrained",) if name in PRETRAINED else ())
+
+
+def check_network_options(name: str, options: Mapping[str, Any]) -> None:
+    """Raise a one-line ``ValueError`` naming the options that network ``name`` does not take."""
+    import models
+
+    known = network_options(name)
+    if any(p.kind is p.VAR_KEYWORD for p in inspect.signature(models.builder(name)).parameters.values()):
+        unknown = ["weights"] if "weights" in options else []  # the builder names the others itself
+    else:
+        unknown = sorted(set(options) - set(known))
+    if unknown:
+        raise ValueError(f"model {name!r} takes no option {', '.join(map(repr, unknown))}; "
+                         f"its options: {', '.join(known) or 'none'}")
+
+
+def _default(fn, option: str) -> Any:
+    return inspect.signature(fn).parameters[option].default
+
+
+def build_network(name: str, num_classes: int, in_channels: int = 4, **options) -> nn.Module:
+    """Build registry network ``name`` (:func:`models.build_model`) with the weights its options
+    ask for, read here: the one place that turns the user-facing option ``pretrained`` into state
+    dicts.
+
+    * ``lite``, ``lite_classifier``: ``pretrained`` (default true) loads the ImageNet weights of
+      the ``variant``'s package into the encoder (whose early blocks are then frozen);
+    * ``global_local``: the same for a lite ``backbone`` (hrnet: ignored);
+    * ``fusion``: ``pretrained`` is ``{"resnet50": path, "mobilenet_v2": path}`` (either key
+      optional), torchvision checkpoints loaded into the encoders;
+    * other networks take no ``pretrained``.
+
+    A network rebuilt from a checkpoint is built with ``pretrained`` false (its weights are in
+    the file). Raises what the reads raise (:func:`imagenet_weights`: one-line
+    ``PretrainedWeightsError``; :func:`backbone_weights`) and ``ValueError`` for an unknown option.
+    """
+    import models
+
+    check_network_options(name, options)
+    options = dict(options)
+    if name not in PRETRAINED:
+        return models.build_model(name, num_classes, in_channels=in_channels, **options)
+    pretrained = options.pop("pretrained", PRETRAINED[name])
+    if name == "fusion":
+        net = models.build_model(name, num_classes, in_channels=in_channels, **options)
+        if not pretrained:
+            return net
+        if not isinstance(pretrained, Mapping):
+            raise ValueError(f"fusion's option pretrained is {{'resnet50': path, 'mobilenet_v2': path}}, "
+                             f"not {pretrained!r}")
+        from models.fusion_net import load_encoder_weights
+
+        files = _BackboneFiles(pretrained)  # each file read after the names are checked, named in its errors
+        return load_encoder_weights(net, files, sources=files.paths)
+    if name == "global_local":
+        from models.global_local import GlobalLocalNet
+
+        backbone = options.get("backbone", _default(GlobalLocalNet, "backbone"))
+        weights = imagenet_weights(backbone) if pretrained and backbone in el.VARIANTS else None
+    else:
+        variant = options.get("variant", _default(models.builder(name), "variant"))
+        weights = imagenet_weights(variant) if pretrained else None
+    return models.build_model(name, num_classes, in_channels=in_channels, **options,
+                              **({} if weights is None else {"weights": weights}))
 
 
 # ---------------------------------------------------------------------------- networks
@@ -116,8 +323,8 @@ def load_model(path: str | os.PathLike, device: str | torch.device = "cpu") -> t
         raise CheckpointError(f"{path}: refused: its builder {state['builder']!r} is not a registered model "
                               f"({', '.join(models.available())}); wsseg builds networks by name only")
     try:
-        model = models.build_model(name, int(state["num_classes"]), in_channels=int(state["in_channels"]),
-                                   **dict(state.get("options") or {}))
+        model = build_network(name, int(state["num_classes"]), in_channels=int(state["in_channels"]),
+                              **dict(state.get("options") or {}))
         model.load_state_dict(state["model"])
     except (TypeError, ValueError, RuntimeError, KeyError) as e:
         raise CheckpointError(f"{path}: its weights do not fit the {name!r} network it names "

@@ -8,12 +8,11 @@ from typing import Callable
 
 import numpy as np
 
-import models
 from tasks.common import training as tr
 from tasks.config import ClassifierConfig
 from tasks.corpus.resume import what_changed
 from tasks.runtime.progress import Progress
-from tasks.store import ClassSpec, ImageRecord, Store
+from tasks.store import ClassSpec, ImageRecord, Store, build_network
 
 
 def object_classes(classes: ClassSpec) -> list[int]:
@@ -83,7 +82,7 @@ def train_image_classifier(store: Store, records: list[ImageRecord], cfg: Classi
     t0 = time.perf_counter()
     tr.seed_everything(seed)  # the initial weights too: torch's own start-up seed differs per process
     builder, options = classifier_builder(cfg)
-    model = models.build_model(builder, len(obj), in_channels=3, **options)
+    model = build_network(builder, len(obj), in_channels=3, **options)
     ds = tr.StoreDataset(len(records), TagLoader(store, records, classes),
                          tr.Augment(crop=cfg.size, scale=tuple(cfg.scale)), seed=seed, with_edge=False)
     tcfg = tr.TrainConfig(epochs=cfg.epochs, batch_size=cfg.batch_size, lr=cfg.lr, seed=seed, device=device,

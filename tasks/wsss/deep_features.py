@@ -18,6 +18,7 @@ import torch
 import torch.nn.functional as F
 
 from models.efficientnet_lite import efficientnet_lite, preprocess
+from tasks.store.checkpoints import imagenet_weights
 
 #: the encoder levels that are pooled (indices into ``forward_features``: strides 8, 16, 32)
 LEVELS = (2, 3, 4)
@@ -27,7 +28,7 @@ GRID = 4
 
 @lru_cache(maxsize=2)
 def _encoder(variant: str):
-    return efficientnet_lite(variant, output_stride=32).eval()
+    return efficientnet_lite(variant, output_stride=32, weights=imagenet_weights(variant)).eval()
 
 
 def deep_feature_dim(variant: str = "lite0") -> int:

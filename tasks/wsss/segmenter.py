@@ -7,13 +7,12 @@ from typing import Callable
 
 import numpy as np
 
-import models
 from models.small import load_encoder_from
 from tasks.common import training as tr
 from tasks.config import WSSSConfig
 from tasks.corpus.resume import corpus_hash
 from tasks.runtime.progress import Progress
-from tasks.store import ClassSpec, ImageRecord, Store
+from tasks.store import ClassSpec, ImageRecord, Store, build_network
 from tasks.wsss.feature_cache import load_edges
 
 
@@ -88,10 +87,10 @@ def train_segmenter(store: Store, records: list[ImageRecord], feature_key: str, 
     s = config.segmentation
     in_ch = 4 if s.use_edges else 3
     build_options = dict(s.options)
-    if s.backbone_weights:
+    if s.backbone_weights:  # fusion: torchvision files, read by build_network through the store
         build_options["pretrained"] = dict(s.backbone_weights)
     tr.seed_everything(config.seed + r)  # initial weights reproducible, as fit's own seeding is
-    model = models.build_model(s.model, classes.n, in_channels=in_ch, **build_options)
+    model = build_network(s.model, classes.n, in_channels=in_ch, **build_options)
     start = "random weights"
     if init_round is not None and s.finetune and store.has_checkpoint("segmenter", init_round):
         prev, _ = store.read_model("segmenter", init_round)
