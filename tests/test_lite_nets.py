@@ -95,6 +95,11 @@ def test_small_stays_an_option():
     assert pretrained_encoders(cfg) == ["lite0"]  # the superpixel features' encoder
     cfg = cfg.model_copy(update={"features": FeatureConfig(deep_features="none")})
     assert pretrained_encoders(cfg) == [] and with_weight_digests(cfg).pretrained == {}
+    # method C's network as the rounds' segmenter: its lite backbone's file is counted, hrnet's none
+    gl = cfg.model_copy(update={"segmentation": SegmentationConfig(model="global_local", options={"backbone": "lite1"})})
+    assert pretrained_encoders(gl) == ["lite1"]
+    gl = cfg.model_copy(update={"segmentation": SegmentationConfig(model="global_local", options={"backbone": "hrnet"})})
+    assert pretrained_encoders(gl) == []
 
 
 def test_the_weights_digest_is_in_the_configuration_and_the_resume_keys(monkeypatch, tmp_path):

@@ -18,6 +18,9 @@ def pretrained_encoders(config: WSSSConfig) -> list[str]:
     seg = config.segmentation
     if seg.model == "lite" and seg.options.get("pretrained", True):
         out.append(seg.options.get("variant", "lite0"))
+    if seg.model == "global_local" and seg.options.get("backbone", "hrnet") in VARIANTS \
+            and seg.options.get("pretrained", True):
+        out.append(seg.options["backbone"])
     return sorted(set(out))
 
 
