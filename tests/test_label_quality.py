@@ -167,6 +167,8 @@ def test_stopping_decisions_known_by_construction():
     d = decide(cfg, 1, 0.10, 0.06)
     assert d.stop and d.final_round == 0 and d.reverted == pytest.approx(0.6) and "oscillation" in d.reason
     assert "the CAM labels" in d.reason and d.record()["stop_reason"] == d.reason
+    d = decide(cfg, 1, 0.10, 0.06, start="round 0's preliminary result")  # the foreground path's start
+    assert "back to their label of round 0's preliminary result" in d.reason
     d = decide(cfg, 2, 0.10, 0.04)  # mostly new changes: go on
     assert not d.stop and d.final_round == 2 and d.reason is None
     d = decide(cfg, 2, 0.01, 0.0)
@@ -272,3 +274,26 @@ def test_one_class_corpus_warns_at_ingest_and_train_and_takes_the_foreground_pat
     parent = mlflow.get_run(t["mlflow_parent_run_id"])
     assert parent.data.tags["stop_reason"] == t["stop_reason"] and parent.data.metrics["final_round"] == 0
     assert mlflow.get_run(t["rounds"][1]["mlflow_run_id"]).data.metrics["tag_coverage"] == pytest.approx(coverage)
+
+
+def test_round_zero_starts_from_the_cam_labels_or_on_the_foreground_path_from_its_preliminary_result(tmp_path):
+    """What round 0's changed share and round 1's reversals are measured against: the CAM labels,
+    or, on the class-agnostic foreground path, where round 0 starts from the saliency and not from
+    the CAM, the argmax of round 0's preliminary result."""
+    from types import SimpleNamespace
+
+    from tasks.config import ForegroundConfig
+    from tasks.store import Store
+    from tasks.wsss.pipeline import start_labels
+
+    store = Store(tmp_path)
+    cam = np.zeros((6, 8), np.uint8)  # the CAM: all background
+    prob = np.zeros((2, 6, 8), np.float32)  # the preliminary result over background (0) and object (2)
+    prob[0], prob[1, :, 4:] = 0.3, 0.9  # the object on the right half
+    store.write_pseudo(0, "a", cam, name="cam")
+    store.write_prelim(0, "a", prob, np.array([0, 2]))
+    rec, classes = SimpleNamespace(image_id="a"), SimpleNamespace(n=3)
+    assert np.array_equal(start_labels(store, rec, classes, None), cam)
+    want = np.where(np.arange(8) >= 4, 2, 0)[None].repeat(6, 0)
+    assert np.array_equal(start_labels(store, rec, classes, ForegroundConfig()), want)
+    assert np.array_equal(start_labels(store, rec, classes, ForegroundConfig(), store.prelim(0, "a", 3)), want)

@@ -388,6 +388,24 @@ def preliminary_shard(run_dir: str, ids: list[str], round_index: int, key: str, 
     return {"images": len(ids), "skipped": False}
 
 
+def start_labels(store: Store, rec: ImageRecord, classes: ClassSpec, foreground: ForegroundConfig | None,
+                 prelim0: np.ndarray | None = None) -> np.ndarray | None:
+    """The labels round 0 started from, which its changed share and round 1's reverted fraction
+    are measured against (:mod:`tasks.wsss.stopping`): the CAM labels, or on the class-agnostic
+    foreground path (``foreground`` given) the argmax of round 0's preliminary result
+    (``prelim0`` when the caller has read it), which there comes from the images' saliency, not
+    from the CAM. The CAM of a corpus with one tag set has learnt nothing of where the object is
+    (object IoU 0.18 on the msrc21 objects corpus), so measured against it most of a round's
+    changes looked like reversals: round 1 there sent 0.55 of its changed pixels "back to the CAM
+    labels" and 0.21 back to round 0's start, and the oscillation rule stopped a round that had
+    raised the object IoU from 0.719 to 0.745 (docs/benchmarks.md#one-class-corpus)."""
+    if foreground is None:
+        return store.pseudo(0, rec.image_id, name="cam")
+    if prelim0 is None:
+        prelim0 = store.prelim(0, rec.image_id, classes.n)
+    return prelim0.argmax(0).astype(np.uint8)
+
+
 def pseudo_shard(run_dir: str, ids: list[str], round_index: int, key: str, cfg: ProposalConfig, seed: int,
                  mil_weight: float = 0.0, foreground: ForegroundConfig | None = None) -> dict:
     """Steps 5-7 for one shard: proposal probabilities, filtering, fusion, seeded segmentation,
@@ -413,9 +431,9 @@ def pseudo_shard(run_dir: str, ids: list[str], round_index: int, key: str, cfg: 
             label = pseudo_image(store, rec, round_index, clf, mil_model, classes, key, cfg, seed, mil_weight,
                                  foreground, corrected, prelim)
             previous = store.pseudo(round_index - 1, rec.image_id) if round_index > 0 else \
-                store.pseudo(0, rec.image_id, name="cam")
+                start_labels(store, rec, classes, foreground, prelim)
             before = (store.pseudo(round_index - 2, rec.image_id) if round_index > 1 else
-                      store.pseudo(0, rec.image_id, name="cam") if round_index == 1 else None)
+                      start_labels(store, rec, classes, foreground) if round_index == 1 else None)
             n = int(label.size)
             totals["pixels"] += n
             totals["changed_pixels"] += round(changed_share(label, previous) * n) if previous is not None else n

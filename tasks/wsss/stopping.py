@@ -3,8 +3,9 @@
 Four reasons end the rounds after round r (METHOD.md A step 9):
 
 * **oscillation** (``stopping`` "auto" or "oscillation", from round 1): at least half of the
-  pixels round r changed went back to the label they had two rounds before (round 1: the CAM
-  labels, which round 0's changed share is measured against too). The round then mostly undoes
+  pixels round r changed went back to the label they had two rounds before (round 1: the labels
+  round 0 started from, which its changed share is measured against too: the CAM labels, or on the
+  class-agnostic foreground path the argmax of round 0's preliminary result). The round then mostly undoes
   its predecessor instead of moving on; round r-1, the last that moved forward, is final: its
   labels, and the final model trained on them;
 * **tag coverage fell** (``stopping="auto"``, from round 1, on a corpus without an implicit
@@ -73,17 +74,19 @@ class Decision:
 
 
 def decide(config: WSSSConfig, r: int, changed: float, reverted_share: float, coverage: float | None = None,
-           previous_coverage: float | None = None, implicit_background: bool = False) -> Decision:
+           previous_coverage: float | None = None, implicit_background: bool = False,
+           start: str = "the CAM labels") -> Decision:
     """The decision after round ``r`` whose labels changed ``changed`` of the pixels, of which
     ``reverted_share`` (a share of all pixels) went back to their label of two rounds before;
     ``coverage`` and ``previous_coverage``: the tag coverage of round r's and round r-1's labels
     (the coverage rule is skipped where either is None, and on a corpus with an
     ``implicit_background``, whose objects trade pixels with the background: there a smaller
-    object is a correction as often as a loss)."""
+    object is a correction as often as a loss); ``start``: what round 0 started from, which round
+    1 is compared with (:func:`tasks.wsss.pipeline.start_labels`)."""
     frac = reverted_share / changed if changed > 0 else 0.0
     keep = dict(reverted=frac, coverage=coverage)
     if config.stopping in ("auto", "oscillation") and r >= 1 and changed > 0 and frac >= OSCILLATION:
-        before = "the CAM labels" if r == 1 else f"round {r - 2}"
+        before = start if r == 1 else f"round {r - 2}"
         return Decision(r, True, r - 1, (
             f"oscillation: round {r} sent {frac:.2f} of the pixels it changed back to their label of {before} "
             f"(>= {OSCILLATION}); round {r - 1} is final"), converged=False, **keep)
