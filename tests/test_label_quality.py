@@ -297,3 +297,25 @@ def test_round_zero_starts_from_the_cam_labels_or_on_the_foreground_path_from_it
     want = np.where(np.arange(8) >= 4, 2, 0)[None].repeat(6, 0)
     assert np.array_equal(start_labels(store, rec, classes, ForegroundConfig()), want)
     assert np.array_equal(start_labels(store, rec, classes, ForegroundConfig(), store.prelim(0, "a", 3)), want)
+
+
+def test_the_probes_colocalisation_finds_what_every_image_shares():
+    """tools/foreground_probe.py's co-localisation (DDT): features of the shared object along one
+    direction, background features along another with a larger spread; the first principal
+    component, signed by the image borders, puts every object superpixel above every background one."""
+    spec = importlib.util.spec_from_file_location("foreground_probe", ROOT / "tools" / "foreground_probe.py")
+    probe = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(probe)
+    rng = np.random.default_rng(0)
+    feats, areas, borders = [], [], []
+    for _ in range(5):
+        obj = np.array([3.0, 0.0, 0.0]) + rng.normal(0, 0.1, (4, 3))  # superpixels 0-3: the object
+        bg = np.array([-3.0, 0.0, 0.0]) + rng.normal(0, 0.1, (6, 3))   # superpixels 4-9: background
+        feats.append(np.vstack([obj, bg]))
+        areas.append(np.full(10, 20))
+        borders.append(np.arange(4, 10))
+    mu, v, scale = probe.ddt_direction(feats, areas, borders)
+    for f in feats:
+        p = (f - mu) @ v
+        assert p[:4].min() > 0 > p[4:].max()
+    assert scale == pytest.approx(3.0, rel=0.1)  # the spread along the component: +-3 around the mean
