@@ -81,6 +81,10 @@ VARIANTS: dict[str, Variant] = {
                                   "for the coarse image, the coarse head's logits of each patch's region added "
                                   "to the patch's, and a loss 1.0 x CE on the coarse image against its class "
                                   "fractions"),
+    "gl_gated": Variant(True, options={"coarse_head": True, "coarse_residual": True, "coarse_backbone": True,
+                                       "residual_init": "random", "global_weight": 0.0}, coarse_loss=1.0,
+                        coarse_targets="soft", about="global_local with F2 times a learnable scalar starting at 0 "
+                                                     "(the patch branch starts alone)"),
     "gl_method_c": Variant(True, about="METHOD.md C as written: one backbone for patches and coarse image, F1, F2, "
                                        "pooling branch (A1, A2), spatial branch (F4, F5), no coarse supervision"),
     "patch_only": Variant(False, about="the same network on patches, without the coarse image"),
