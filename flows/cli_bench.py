@@ -162,7 +162,8 @@ def add_bench_highres_parser(bench) -> argparse.ArgumentParser:
                         "hard / soft targets), gl_coarse_residual / gl_coarse_residual_soft / "
                         "gl_coarse_residual_gate (+ the coarse logits added to the patch's, one backbone), "
                         "gl_two_backbones (the same with hard targets and the patch classifier at zero), "
-                        "gl_residual_e2e (coarse logits added, no coarse loss)")
+                        "gl_residual_e2e (coarse logits added, no coarse loss), gl_gated (global_local with F2 "
+                        "times a learnable scalar starting at 0)")
     p.add_argument("--images-per-batch", type=int, default=2,
                    help="images the patches of one step are cut from, each with its coarse image (default 2)")
     p.add_argument("--memory-probe", action=argparse.BooleanOptionalAction, default=True,
