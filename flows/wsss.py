@@ -258,7 +258,7 @@ def refresh_round(run_dir: str, round_index: int, config: WSSSConfig, feature_ke
         before = (store.read_round(r - 1) or {}).get("tag_coverage") if r > 0 else None
         decision = stopping.decide(config, r, changed, reverted_of(results), coverage_of(results), before,
                                    implicit_background=store.classes().background is not None,
-                                   start="round 0's preliminary result" if foreground else "the CAM labels")
+                                   start=pl.start_name(foreground))
         # 8. correction: train the segmentation model on the pseudo-labels; the last round's
         # model (the run's final one) with the whole budget from the start, see final_model_config,
         # on the final round's labels (the round before, when this one oscillates)

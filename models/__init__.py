@@ -14,7 +14,7 @@ import os
 
 os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")  # before torch loads OpenMP: see tasks/__init__.py
 import inspect
-from typing import Callable
+from typing import Callable, Sequence
 
 from torch import nn
 
@@ -58,12 +58,18 @@ def option_names(name: str) -> tuple[str, ...]:
                  and p.kind in (p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY))
 
 
-def check_options(name: str, options: dict) -> None:
-    """Raise a one-line ``ValueError`` naming the options that ``name``'s builder does not take."""
+def check_options(name: str, options: dict, *, known: Sequence[str] | None = None,
+                  refused: Sequence[str] = ()) -> None:
+    """Raise a one-line ``ValueError`` naming the options that ``name``'s builder does not take.
+
+    ``known``: the names to accept instead of the builder's own (:func:`option_names`), for a
+    caller that translates some options; ``refused``: names refused even by a builder that passes
+    its options on (global_local to GlobalLocalNet, which names the others itself)."""
+    known = option_names(name) if known is None else tuple(known)
     if any(p.kind is p.VAR_KEYWORD for p in inspect.signature(builder(name)).parameters.values()):
-        return  # the builder passes options on (global_local to GlobalLocalNet), which names them itself
-    known = option_names(name)
-    unknown = sorted(set(options) - set(known))
+        unknown = sorted(set(options) & set(refused))
+    else:
+        unknown = sorted(set(options) - set(known))
     if unknown:
         raise ValueError(f"model {name!r} takes no option {', '.join(map(repr, unknown))}; "
                          f"its options: {', '.join(known) or 'none'}")

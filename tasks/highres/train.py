@@ -687,7 +687,7 @@ def save_bench_model(out_json: str | os.PathLike, model, *, options: dict, scale
     """The global-local checkpoint beside the bench JSON (what ``wsseg segment --model`` reads)."""
     from tasks.store import save_model
     return save_model(files.bench_outputs(out_json)[0], model, builder="global_local", num_classes=len(classes),
-                      in_channels=3, options={**options, "pretrained": False},  # the weights are in the file
+                      in_channels=3, options=options,
                       meta={"scale": scale, "overlap": overlap, "classes": list(classes)})
 
 

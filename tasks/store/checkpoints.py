@@ -228,17 +228,12 @@ def network_options(name: str) -> tuple[str, ...]:
 
 
 def check_network_options(name: str, options: Mapping[str, Any]) -> None:
-    """Raise a one-line ``ValueError`` naming the options that network ``name`` does not take."""
+    """Raise a one-line ``ValueError`` naming the options that network ``name`` does not take
+    (:func:`models.check_options` with :func:`network_options`; ``weights`` is refused even where
+    the builder passes its options on)."""
     import models
 
-    known = network_options(name)
-    if any(p.kind is p.VAR_KEYWORD for p in inspect.signature(models.builder(name)).parameters.values()):
-        unknown = ["weights"] if "weights" in options else []  # the builder names the others itself
-    else:
-        unknown = sorted(set(options) - set(known))
-    if unknown:
-        raise ValueError(f"model {name!r} takes no option {', '.join(map(repr, unknown))}; "
-                         f"its options: {', '.join(known) or 'none'}")
+    models.check_options(name, options, known=network_options(name), refused=("weights",))
 
 
 def _default(fn, option: str) -> Any:
@@ -257,7 +252,7 @@ def build_network(name: str, num_classes: int, in_channels: int = 4, **options) 
       optional), torchvision checkpoints loaded into the encoders;
     * other networks take no ``pretrained``.
 
-    A network rebuilt from a checkpoint is built with ``pretrained`` false (its weights are in
+    A network rebuilt from a checkpoint (:func:`load_model`) is built with ``pretrained`` false (its weights are in
     the file). Raises what the reads raise (:func:`imagenet_weights`: one-line
     ``PretrainedWeightsError``; :func:`backbone_weights`) and ``ValueError`` for an unknown option.
     """
@@ -323,8 +318,10 @@ def load_model(path: str | os.PathLike, device: str | torch.device = "cpu") -> t
         raise CheckpointError(f"{path}: refused: its builder {state['builder']!r} is not a registered model "
                               f"({', '.join(models.available())}); wsseg builds networks by name only")
     try:
-        model = build_network(name, int(state["num_classes"]), in_channels=int(state["in_channels"]),
-                              **dict(state.get("options") or {}))
+        options = dict(state.get("options") or {})
+        if name in PRETRAINED:  # the weights are in the file: rebuilt without reading ImageNet's or torchvision's
+            options["pretrained"] = False
+        model = build_network(name, int(state["num_classes"]), in_channels=int(state["in_channels"]), **options)
         model.load_state_dict(state["model"])
     except (TypeError, ValueError, RuntimeError, KeyError) as e:
         raise CheckpointError(f"{path}: its weights do not fit the {name!r} network it names "

@@ -94,7 +94,7 @@ def train_image_classifier(store: Store, records: list[ImageRecord], cfg: Classi
                     progress=lambda s: prog.advance(1, s.split(" ", 2)[-1]))
     seconds = time.perf_counter() - t0
     store.write_model("classifier", model, builder=builder, num_classes=len(obj), in_channels=3,
-                      options={**options, **({"pretrained": False} if builder == "lite_classifier" else {})},
+                      options=options,
                       meta={"object_classes": obj, "epochs_run": result.epochs_run, "config": wanted,
                             "seconds": seconds, **({"inputs": inputs} if inputs is not None else {})})
     return seconds

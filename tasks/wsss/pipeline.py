@@ -388,6 +388,11 @@ def preliminary_shard(run_dir: str, ids: list[str], round_index: int, key: str, 
     return {"images": len(ids), "skipped": False}
 
 
+def start_name(foreground: ForegroundConfig | None) -> str:
+    """What :func:`start_labels` compares with, in words (the stop reason names it)."""
+    return "the CAM labels" if foreground is None else "round 0's preliminary result"
+
+
 def start_labels(store: Store, rec: ImageRecord, classes: ClassSpec, foreground: ForegroundConfig | None,
                  prelim0: np.ndarray | None = None) -> np.ndarray | None:
     """The labels round 0 started from, which its changed share and round 1's reverted fraction

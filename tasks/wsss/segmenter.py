@@ -130,8 +130,7 @@ def train_segmenter(store: Store, records: list[ImageRecord], feature_key: str, 
                     log=(lambda m, step: log({f"seg_{k}": v for k, v in m.items()}, step)) if log else None,
                     progress=lambda msg: prog.advance(1, msg.split(" ", 2)[-1]))
     store.write_model(kind, model, **where, builder=s.model, num_classes=classes.n, in_channels=in_ch,
-                      # the weights are in the checkpoint: rebuilt without loading ImageNet's or torchvision's
-                      options={**s.options, **({"pretrained": False} if s.model in ("lite", "global_local") else {})},
+                      options=s.options,  # load_model rebuilds it without reading weight files
                       meta={"classes": list(classes.names), "trained_classes": trained_classes(records, classes),
                             "round": r, "epochs_run": result.epochs_run,
                             "stopped": result.stopped, "feature_key": feature_key, "start": start,
