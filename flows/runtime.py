@@ -301,13 +301,37 @@ def on_cluster(flow_fn, address: str | None):
 # ends those still running once it is gone (SIGTERM, then SIGKILL after 5 s). Polling alone misses a
 # process started in the last half second (or all of them, when the command is killed before the
 # watchdog's first look), and once the command is gone its orphans are no longer its children: so
-# every descendant also carries the token WSSEG_REAPER_TOKEN in its environment (inherited from the
-# command), and after the command ends the watchdog also ends every process of this user that
-# carries it, scanning again until none is left.
+# every descendant started by exec also carries the token WSSEG_REAPER_TOKEN in its environment
+# (inherited from the command), and after the command ends the watchdog also ends every process of
+# this user that carries it, scanning again until none is left. A fork without exec (a data loader's
+# worker) shows the kernel the environment its parent was started with, without the token (which the
+# command sets later): each fork writes its pid to a pipe the watchdog reads (an at-fork hook in the
+# command, inherited by the forks' own forks), so it is known the moment it exists.
 _REAPER = """
 import os, sys, time
 import psutil
-token, me, seen = sys.argv[2], os.getpid(), {}
+token, me, seen, pipe, pending = sys.argv[2], os.getpid(), {}, int(sys.argv[3]), b""
+os.set_blocking(pipe, False)
+
+def reported():
+    global pending
+    while True:
+        try:
+            chunk = os.read(pipe, 65536)
+        except BlockingIOError:
+            break
+        if not chunk:  # no writer left
+            break
+        pending += chunk
+    *lines, pending = pending.split(b"\\n")
+    out = []
+    for line in lines:
+        try:
+            out.append(psutil.Process(int(line)))
+        except (ValueError, psutil.NoSuchProcess):
+            pass
+    return out
+
 try:
     parent = psutil.Process(int(sys.argv[1]))
 except psutil.NoSuchProcess:
@@ -316,7 +340,7 @@ while parent is not None:
     try:
         if not parent.is_running() or parent.status() == psutil.STATUS_ZOMBIE:
             break
-        for c in parent.children(recursive=True):
+        for c in parent.children(recursive=True) + reported():
             if c.pid != me:
                 seen[c.pid] = c.create_time()
     except psutil.NoSuchProcess:
@@ -348,6 +372,8 @@ def end(procs):
         except psutil.NoSuchProcess:
             pass
 
+for p in reported():
+    seen[p.pid] = p.create_time()
 procs = []
 for pid, started in seen.items():
     try:
@@ -358,7 +384,7 @@ for pid, started in seen.items():
         pass
 end(procs)
 for _ in range(10):  # a process ended above may have started others meanwhile
-    left = tagged()
+    left = tagged() + reported()
     if not left:
         break
     end(left)
@@ -377,5 +403,18 @@ def start_reaper() -> None:
     token = f"{os.getpid()}-{secrets.token_hex(8)}"
     os.environ["WSSEG_REAPER_TOKEN"] = token  # every process this command starts from now on inherits it
     env = {k: v for k, v in os.environ.items() if k != "WSSEG_REAPER_TOKEN"}  # the watchdog must not carry it
-    subprocess.Popen([sys.executable, "-c", _REAPER, str(os.getpid()), token], start_new_session=True, env=env,
-                     stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, close_fds=True)
+    read, write = os.pipe()  # forks report on it (see _REAPER); not inherited by exec, kept by fork
+    os.set_blocking(write, False)  # a fork never waits on it (a full pipe, a watchdog gone: the report is dropped)
+    subprocess.Popen([sys.executable, "-c", _REAPER, str(os.getpid()), token, str(read)], start_new_session=True,
+                     env=env, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+                     pass_fds=(read,))
+    os.close(read)
+    os.register_at_fork(after_in_child=lambda: _report_fork(write))
+
+
+def _report_fork(pipe: int) -> None:
+    """In a fork of a command (see start_reaper): its pid to the watchdog."""
+    try:
+        os.write(pipe, f"{os.getpid()}\n".encode())
+    except OSError:
+        pass

@@ -246,3 +246,39 @@ def test_the_watchdog_ends_an_orphan_the_command_left_before_it_was_killed():
     finally:
         if _alive({orphan.pid: started}):
             orphan.kill()
+
+
+# A command that forks a child without exec (as a data loader's worker is started) and is SIGKILLed
+# before the watchdog's first look: the fork's environment, as the kernel shows it, is the command's
+# as it was started, without the token; only the fork's own report to the watchdog says whose it is.
+_FORKING = """
+import os, signal, sys, time
+sys.path.insert(0, sys.argv[1])
+from flows.runtime import start_reaper
+start_reaper()
+pid = os.fork()
+if pid == 0:  # the fork lets go of the captured output, so that only the fork itself is waited for
+    null = os.open(os.devnull, os.O_WRONLY)
+    os.dup2(null, 1)
+    os.dup2(null, 2)
+    time.sleep(600)
+    os._exit(0)
+print(pid, flush=True)
+os.kill(os.getpid(), signal.SIGKILL)
+"""
+
+
+def test_the_watchdog_ends_a_fork_the_command_started_just_before_it_was_killed():
+    proc = subprocess.run([sys.executable, "-c", _FORKING, str(ROOT)], capture_output=True, text=True, timeout=60)
+    assert proc.returncode == -signal.SIGKILL, proc.stderr
+    fork = psutil.Process(int(proc.stdout.strip()))
+    started = fork.create_time()
+    assert "WSSEG_REAPER_TOKEN" not in fork.environ()  # what the watchdog's scan by token cannot see
+    try:
+        deadline = time.monotonic() + 30
+        while _alive({fork.pid: started}) and time.monotonic() < deadline:
+            time.sleep(0.2)
+        assert not _alive({fork.pid: started}), "the fork outlived the killed command"
+    finally:
+        if _alive({fork.pid: started}):
+            fork.kill()
