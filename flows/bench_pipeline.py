@@ -40,18 +40,19 @@ from prefect import flow, task
 
 from flows.naming import FlowRunName, ShardRunName
 from flows.runtime import dask_cluster, on_cluster
-from flows.wsss import SHARD_TASK, ingest, pending_shards, run_shards, shards_of
+from flows.wsss import SHARD_TASK, handing, ingest, pending_shards, run_shards, shards_of
 from tasks.bench import pipeline as tb
 from tasks.config import WSSSConfig
 from tasks.corpus import ingest as ing
 from tasks.runtime.memory import reset_peak_rss, rss_mb
 from tasks.runtime.progress import Progress
-from tasks.store import Store, files
+from tasks.store import ImageRecord, Store, files
 from tasks.wsss import mil
 from tasks.wsss import proposal_classifier
 from tasks.wsss.classifier import train_image_classifier
 from tasks.wsss.crf import CRF_DEFAULTS
 from tasks.wsss.feature_cache import FEATURE_STAGE, feature_key
+from tasks.wsss.pipeline import foreground_on
 from tasks.wsss.segmenter import train_segmenter
 
 __all__ = ["bench_pipeline", "round_pass", "replicate_source", "Bench", "CASES"]
@@ -66,11 +67,13 @@ def _say(line: str) -> None:
     print(f"  [bench pipeline] {line}", file=sys.stderr, flush=True)
 
 
-def measured_stage(stage: str, shards: list[list[str]], label: str, **kwargs) -> tuple[list[dict], float]:
-    """Shard function ``stage`` over ``shards`` on the flow's task runner, each shard measured;
-    returns the measurements and the stage's wall seconds."""
+def measured_stage(stage: str, shards: list[list[str]], label: str, records: list[ImageRecord],
+                   **kwargs) -> tuple[list[dict], float]:
+    """Shard function ``stage`` over ``shards`` on the flow's task runner, each shard measured and
+    handed its rows of ``records`` as the flows do; returns the measurements and the stage's wall seconds."""
     t = time.perf_counter()
-    out = run_shards(SHARD_TASKS[stage], shards, label, function=stage, **kwargs) if shards else []
+    out = run_shards(SHARD_TASKS[stage], shards, label, per_shard=handing(records), function=stage,
+                     **kwargs) if shards else []
     return out, time.perf_counter() - t
 
 
@@ -137,7 +140,7 @@ def round_pass(run_dir: str, config: WSSSConfig, ids: list[str] | None = None, t
 
     # 2. superpixels, proposals and the edge map of the images not cached yet
     todo = [rec for rec in records if not store.has_cached(FEATURE_STAGE, key, rec.sha256)]
-    measured["features"], walls["features"] = measured_stage("features", shards_of(todo, size), "features",
+    measured["features"], walls["features"] = measured_stage("features", shards_of(todo, size), "features", todo,
                                                              run_dir=run_dir, cfg=config.features, key=key)
     # 4. image classifier on the tags
     if train:
@@ -146,8 +149,8 @@ def round_pass(run_dir: str, config: WSSSConfig, ids: list[str] | None = None, t
     # 1. preliminary result: the image classifier's CAMs
     # a resumed stage submits only the shards without a done marker, as flows.wsss.refresh_round does
     measured["preliminary"], walls["preliminary"] = measured_stage(
-        "preliminary", pending_shards(store, r, "prelim", shards)[0], "r0 preliminary", run_dir=run_dir,
-        round_index=r, key=key, config=config)
+        "preliminary", pending_shards(store, r, "prelim", shards)[0], "r0 preliminary", records, run_dir=run_dir,
+        round_index=r, key=key, config=config, foreground=foreground_on(store, config)[0])
     # [ours] superpixel MIL and 3. proposal classification, trained on the whole corpus
     if train:
         with trainer("mil"):
@@ -157,14 +160,14 @@ def round_pass(run_dir: str, config: WSSSConfig, ids: list[str] | None = None, t
                                             mil_prior_weight=config.mil.prior_weight, seed=config.seed)
     # 5.-7. filtering, fusion, clustering, seeded segmentation
     measured["pseudo_labels"], walls["pseudo_labels"] = measured_stage(
-        "pseudo_labels", pending_shards(store, r, "pseudo", shards)[0], "r0 pseudo-labels", run_dir=run_dir,
+        "pseudo_labels", pending_shards(store, r, "pseudo", shards)[0], "r0 pseudo-labels", records, run_dir=run_dir,
         round_index=r, key=key, cfg=config.proposals, seed=config.seed, mil_weight=config.mil.prior_weight)
     # 8. the segmenter on the pseudo-labels, on the benchmark's budget
     if train:
         with trainer("segmenter"):
             train_segmenter(store, records, key, config, r=r, label_round=r)
     if crf:  # the classic refinement on the same images: round 0's CAM probabilities + dense CRF
-        measured["cam_crf"], walls["cam_crf"] = measured_stage("cam_crf", shards, "cam+crf", run_dir=run_dir,
+        measured["cam_crf"], walls["cam_crf"] = measured_stage("cam_crf", shards, "cam+crf", records, run_dir=run_dir,
                                                                crf=CRF_DEFAULTS)
     n = len(records)
     # features are per computed image (a cached image costs nothing); the other stages per image of the pass

@@ -39,8 +39,8 @@ from prefect import flow, task
 
 from flows.naming import FlowRunName, ShardRunName
 from flows.runtime import on_cluster
-from flows.wsss import (SHARD_TASK, compute_all_features, evaluate_sources, gate_options, ingest, run_shards,
-                        shards_of, train_wsss)
+from flows.wsss import (SHARD_TASK, compute_all_features, evaluate_sources, gate_options, handing, ingest,
+                        run_shards, shards_of, train_wsss)
 from tasks.bench import ablation
 from tasks.bench import quality
 from tasks.config import WSSSConfig
@@ -82,10 +82,12 @@ def bench_quality(data: str, run_dir: str, config: WSSSConfig, out: str, eval_sp
     # 2. baselines on the same images: CAM (stored by round 0), CAM + CRF and, with an implicit
     # background, GrabCut from a box inset 10% from the border
     with quality.timed(stages, "baselines"):
-        run_shards(cam_crf_task, shards_of(records, config.shard_size), "cam+crf", run_dir=str(store.root), crf=crf)
+        run_shards(cam_crf_task, shards_of(records, config.shard_size), "cam+crf", per_shard=handing(records),
+                   run_dir=str(store.root), crf=crf)
         sources = [[0, "cam"], [0, "cam_crf"], [final_r, "pseudo"]]
         if store.classes().background is not None:
-            run_shards(box_grabcut_task, shards_of(records, config.shard_size), "box grabcut", run_dir=str(store.root))
+            run_shards(box_grabcut_task, shards_of(records, config.shard_size), "box grabcut",
+                       per_shard=handing(records), run_dir=str(store.root))
             sources.append([0, "box_grabcut"])
         labels = evaluate_sources(str(store.root), records, sources, config.shard_size, stage="evaluate pseudo-labels")
     # 3. the final model on the eval split (gated by the image classifier per config.inference;

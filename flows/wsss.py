@@ -67,6 +67,13 @@ def shards_of(records: list[ImageRecord], size: int, max_shards: int = MAX_SHARD
     return [ids[i:i + size] for i in range(0, len(ids), size)]
 
 
+def handing(records: list[ImageRecord]):
+    """``run_shards``'s ``per_shard`` that hands each shard task the manifest rows of its images,
+    which the flow holds already, so that no task reads the manifest (:func:`tasks.store.shard_records`)."""
+    index = {r.image_id: r for r in records}
+    return lambda ids: {"records": [index[i] for i in ids]}
+
+
 def pending_shards(store: Store, r: int, stage: str, shards: list[list[str]]) -> tuple[list[list[str]], list[dict]]:
     """The shards of round ``r``'s ``stage`` (``prelim``, ``pseudo``) without a done marker, and
     the results the others recorded: a resumed stage submits tasks only for what is left (a
@@ -158,8 +165,8 @@ def compute_all_features(run_dir: str, records: list[ImageRecord], config: WSSSC
     store = Store(run_dir)
     todo = [r for r in records if not store.has_cached(FEATURE_STAGE, key, r.sha256)]
     if todo:
-        run_shards(features_shard, shards_of(todo, config.shard_size, config.max_shards), "features", run_dir=run_dir,
-                   cfg=config.features, key=key)
+        run_shards(features_shard, shards_of(todo, config.shard_size, config.max_shards), "features",
+                   per_shard=handing(todo), run_dir=run_dir, cfg=config.features, key=key)
     else:
         Progress("features", len(records)).message(f"all {len(records)} images cached ({key})")
     return key
@@ -172,8 +179,8 @@ def evaluate_sources(run_dir: str, records: list[ImageRecord], sources: list[lis
     with_masks = [r for r in records if r.has_mask]
     if not with_masks:
         return {}
-    results = run_shards(evaluate_shard, shards_of(with_masks, shard_size), stage, run_dir=run_dir,
-                         sources=sources, **kwargs)
+    results = run_shards(evaluate_shard, shards_of(with_masks, shard_size), stage, per_shard=handing(with_masks),
+                         run_dir=run_dir, sources=sources, **kwargs)
     return source_scores(results, Store(run_dir).classes().names)
 
 
@@ -238,9 +245,11 @@ def refresh_round(run_dir: str, round_index: int, config: WSSSConfig, feature_ke
     with tracker.run(f"round-{r}", nested=True, tags={"round": str(r)}) as run_id:
         tracker.log_params({"round": r, **config.model_dump()})
         # 1. preliminary result: round 0 from the image classifier's CAMs, later from model r-1
+        #    (round 0 on the foreground path: the class-agnostic foreground evidence)
+        fg_on = pl.foreground_on(store, config)[0]
         todo, _ = pending_shards(store, r, "prelim", shards)
-        run_shards(preliminary_shard, todo, f"r{r} preliminary", run_dir=run_dir, round_index=r, key=feature_key,
-                   config=config)
+        run_shards(preliminary_shard, todo, f"r{r} preliminary", per_shard=handing(records), run_dir=run_dir,
+                   round_index=r, key=feature_key, config=config, foreground=fg_on)
         # [ours] superpixel MIL: the preliminary result refined by a corpus-wide appearance classifier
         mil.train_round(store, r, records, feature_key, config.mil, seed=config.seed, log=tracker.log_metrics)
         # 3. proposal classification (cross-entropy), trained on the whole corpus
@@ -249,9 +258,9 @@ def refresh_round(run_dir: str, round_index: int, config: WSSSConfig, feature_ke
         # 5.-7. IoU filtering, fusion per tagged class, 3-way clustering, seeded segmentation
         #     (on the foreground path: GrabCut of the whole image from the combined foreground evidence)
         todo, results = pending_shards(store, r, "pseudo", shards)
-        foreground = config.foreground if pl.foreground_on(store, config)[0] else None
-        results += run_shards(pseudo_shard, todo, f"r{r} pseudo-labels", run_dir=run_dir, round_index=r,
-                              key=feature_key, cfg=config.proposals, seed=config.seed,
+        foreground = config.foreground if fg_on else None
+        results += run_shards(pseudo_shard, todo, f"r{r} pseudo-labels", per_shard=handing(records), run_dir=run_dir,
+                              round_index=r, key=feature_key, cfg=config.proposals, seed=config.seed,
                               mil_weight=config.mil.prior_weight, foreground=foreground)
         changed, ignored = label_shares(results)
         # 9. whether the rounds stop here and which round's labels are final (tasks.wsss.stopping, no mask)
@@ -451,7 +460,8 @@ def refresh(run_dir: str) -> dict:
     seconds, cpu = {"features": 0.0, "prelim": 0.0, "pseudo": 0.0}, 0.0
     if todo:
         for res in run_shards(refresh_shard, shards_of(todo, config.shard_size), f"refresh with r{r}",
-                              run_dir=run_dir, round_index=r, key=key, config=config):
+                              per_shard=handing(todo), run_dir=run_dir, round_index=r, key=key, config=config,
+                              foreground=pl.foreground_on(store, config)[0]):
             seconds = {k: v + res["seconds"][k] for k, v in seconds.items()}
             cpu += res["cpu_seconds"]
     else:

@@ -159,3 +159,39 @@ def test_shard_tasks_per_stage_are_bounded():
     first = [r.image_id for r in records[:100]]
     assert shards_of(records[:100], 16, 2000) == [first[i:i + 16] for i in range(0, 100, 16)]
     assert len(shards_of(records[:10_001], 1, 100)) == 100  # ceil(10001 / 101) shards of 101
+
+
+def test_shard_tasks_take_their_rows_from_the_flow_not_the_manifest(tmp_path, prefect_harness, cluster):
+    """A stage's shard tasks are handed their images' manifest rows by the flow, which has read them
+    already: with the manifest file gone after that, the features stage on the cluster's workers
+    still computes every image (a task that read the manifest would fail on the missing file). Rows
+    that are not the shard's are refused, and a caller without rows reads the manifest."""
+    from prefect import flow
+
+    from flows.runtime import on_cluster
+    from flows.wsss import compute_all_features, ingest
+    from tasks.config import WSSSConfig
+    from tasks.store import Store, shard_records
+    from tasks.wsss.feature_cache import FEATURE_STAGE
+
+    config = WSSSConfig.model_validate({"shard_size": 2})
+    run = tmp_path / "run"
+    on_cluster(ingest, cluster)(str(copy_sample(tmp_path / "src", KILL_IDS)), str(run), shard_size=8)
+    store = Store(run)
+    records = store.manifest()
+    ids = [r.image_id for r in records[:2]]
+    assert shard_records(store, ids) == records[:2]  # read from the manifest
+    manifest = store.corpus_dir / "manifest.parquet"
+    manifest.rename(manifest.with_name("manifest.moved"))
+
+    @flow(name="features-without-the-manifest")
+    def features(run_dir: str) -> str:
+        return compute_all_features(run_dir, records, config)
+
+    key = on_cluster(features, cluster)(str(run))
+    assert len(records) == len(KILL_IDS) and all(store.has_cached(FEATURE_STAGE, key, r.sha256) for r in records)
+    assert shard_records(store, ids, records[:2]) == records[:2]
+    with pytest.raises(ValueError, match=f"shard of {ids[0]}"):
+        shard_records(store, ids, records[1:3])
+    with pytest.raises(FileNotFoundError, match="manifest.parquet"):
+        shard_records(store, ids)

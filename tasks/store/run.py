@@ -1081,3 +1081,16 @@ def records_by_id(records: list[ImageRecord], ids: list[str]) -> list[ImageRecor
     if missing:
         raise KeyError(f"image ids not in the corpus manifest: {missing[:5]}")
     return [index[i] for i in ids]
+
+
+def shard_records(store: Store, ids: list[str], records: list[ImageRecord] | None = None) -> list[ImageRecord]:
+    """The manifest rows of a shard task's images ``ids``: ``records``, the rows its flow handed it
+    (:func:`flows.wsss.handing`), or without them the manifest's, read whole. The flow holds the
+    manifest already; a task that reads it to find its few hundred rows holds all of it meanwhile
+    (630 MB of records at 10^6 images) and reads it once a shard instead of once a stage."""
+    if records is None:
+        return records_by_id(store.manifest(), ids)
+    if [r.image_id for r in records] != list(ids):
+        raise ValueError(f"the rows handed to the shard of {ids[0] if ids else 'no image'} are not its images' "
+                         f"({len(records)} rows for {len(ids)} ids)")
+    return list(records)

@@ -41,7 +41,7 @@ import cv2
 import numpy as np
 import torch
 
-from tasks.store import Store, records_by_id
+from tasks.store import ImageRecord, Store, shard_records
 
 __all__ = ["dense_crf", "pydensecrf_available", "crf_labels", "cam_crf_shard", "CRF_DEFAULTS"]
 
@@ -310,7 +310,7 @@ def crf_labels(image: np.ndarray, prob: np.ndarray, allowed: np.ndarray, *, back
 
 
 def cam_crf_shard(run_dir: str, ids: list[str], crf: dict | None = None, round_index: int = 0,
-                  name: str = "cam_crf") -> dict:
+                  name: str = "cam_crf", records: list[ImageRecord] | None = None) -> dict:
     """The CAM + CRF baseline for one shard: round ``round_index``'s preliminary probabilities
     of each image, refined by :func:`crf_labels`, stored as ``store.pseudo(round, id, name)``.
     Images already stored are skipped, so an interrupted run resumes."""
@@ -320,7 +320,7 @@ def cam_crf_shard(run_dir: str, ids: list[str], crf: dict | None = None, round_i
     t0 = time.perf_counter()
     done = 0
     with store.packing(store.shard_name(ids)):  # the shard's labels as one pack
-        for rec in records_by_id(store.manifest(), ids):
+        for rec in shard_records(store, ids, records):
             if store.has_pseudo(round_index, rec.image_id, name=name):
                 continue
             prelim = store.prelim(round_index, rec.image_id, classes.n)

@@ -20,7 +20,7 @@ from tasks.corpus.tags import tag_statistics
 from tasks.labels.corrections import corrected_prelim
 from tasks.labels.review import image_signals
 from tasks.runtime.progress import run_log
-from tasks.store import ClassSpec, ImageRecord, Store, records_by_id, sha256_file
+from tasks.store import ClassSpec, ImageRecord, Store, sha256_file, shard_records
 from tasks.wsss import foreground as fg
 from tasks.wsss import superpixels as spx
 from tasks.wsss.feature_cache import ImageFeatures, compute_features, load_edges, load_features, proposal_inputs
@@ -355,10 +355,13 @@ def ingest_shard(run_dir: str, ids: list[str], items: dict[str, dict], n_classes
             "staged": staged, "decoded": len(written)}
 
 
-def features_shard(run_dir: str, ids: list[str], cfg: FeatureConfig, key: str) -> dict:
+def features_shard(run_dir: str, ids: list[str], cfg: FeatureConfig, key: str,
+                   records: list[ImageRecord] | None = None) -> dict:
+    """Step 2 for one shard: the feature-cache entries of images ``ids`` (``records``: their
+    manifest rows, as every shard function takes them: :func:`tasks.store.shard_records`)."""
     _worker_setup()
     store = Store(run_dir)
-    recs = records_by_id(store.manifest(), ids)
+    recs = shard_records(store, ids, records)
     t0 = time.perf_counter()
     with store.packing(store.shard_name(ids)):  # one pack of the shard's feature-cache entries
         computed = sum(compute_features(store, rec, cfg, key) for rec in recs)
@@ -367,10 +370,12 @@ def features_shard(run_dir: str, ids: list[str], cfg: FeatureConfig, key: str) -
     return {"images": len(ids), "computed": int(computed), "seconds": seconds}
 
 
-def preliminary_shard(run_dir: str, ids: list[str], round_index: int, key: str, config: WSSSConfig) -> dict:
+def preliminary_shard(run_dir: str, ids: list[str], round_index: int, key: str, config: WSSSConfig,
+                      records: list[ImageRecord] | None = None, foreground: bool | None = None) -> dict:
     """Step 1: preliminary result of each image (round 0: the image classifier's CAMs; later:
     round r-1's model), restricted to the image's tags. Round 0 also stores the CAM labels (the
-    baseline row)."""
+    baseline row). ``foreground``: whether the run is on the class-agnostic foreground path, as
+    its flow decided it once (:func:`foreground_on`, which reads the whole manifest); None: decided here."""
     _worker_setup()
     store = Store(run_dir)
     r = round_index
@@ -378,10 +383,10 @@ def preliminary_shard(run_dir: str, ids: list[str], round_index: int, key: str, 
         return {"images": len(ids), "skipped": True}
     classes = store.classes()
     model, state = prelim_model(store, r)
-    foreground = r == 0 and foreground_on(store, config)[0]
+    foreground = r == 0 and (foreground_on(store, config)[0] if foreground is None else foreground)
     corrected = store.corrections().keys()
     with store.packing(store.shard_name(ids)):  # written before the marker below
-        for rec in records_by_id(store.manifest(), ids):
+        for rec in shard_records(store, ids, records):
             preliminary_image(store, rec, r, model, state, classes, key, config, foreground, corrected)
     store.mark_shard_done(r, "prelim", store.shard_name(ids), {"images": len(ids)})
     run_log(f"round {r} preliminary result: {len(ids)} images from {ids[0]}")
@@ -412,7 +417,8 @@ def start_labels(store: Store, rec: ImageRecord, classes: ClassSpec, foreground:
 
 
 def pseudo_shard(run_dir: str, ids: list[str], round_index: int, key: str, cfg: ProposalConfig, seed: int,
-                 mil_weight: float = 0.0, foreground: ForegroundConfig | None = None) -> dict:
+                 mil_weight: float = 0.0, foreground: ForegroundConfig | None = None,
+                 records: list[ImageRecord] | None = None) -> dict:
     """Steps 5-7 for one shard: proposal probabilities, filtering, fusion, seeded segmentation,
     with the round's proposal classifier and (when the round has one) its MIL classifier;
     ``foreground`` as in :func:`pseudo_image`."""
@@ -431,7 +437,7 @@ def pseudo_shard(run_dir: str, ids: list[str], round_index: int, key: str, cfg: 
     log_shares, tagged = np.zeros(classes.n), np.zeros(classes.n, np.int64)
     review = []  # per image: the review queue's signals (tasks.labels.review)
     with store.packing(store.shard_name(ids)):  # the shard's labels, one pack, written before its marker
-        for rec in records_by_id(store.manifest(), ids):
+        for rec in shard_records(store, ids, records):
             prelim = store.prelim(round_index, rec.image_id, classes.n)  # read once: the label and the review signals
             label = pseudo_image(store, rec, round_index, clf, mil_model, classes, key, cfg, seed, mil_weight,
                                  foreground, corrected, prelim)
@@ -458,7 +464,8 @@ def pseudo_shard(run_dir: str, ids: list[str], round_index: int, key: str, cfg: 
 
 
 def evaluate_shard(run_dir: str, ids: list[str], sources: list[list], model: dict | None = None,
-                   key: str | None = None, gate_scales: Sequence[float] | None = None) -> dict:
+                   key: str | None = None, gate_scales: Sequence[float] | None = None,
+                   records: list[ImageRecord] | None = None) -> dict:
     """Confusion matrices of label sources against the masks (the only place masks are read).
 
     ``sources``: [round, name] pairs of stored label maps, or ["model", split] to predict with
@@ -477,7 +484,7 @@ def evaluate_shard(run_dir: str, ids: list[str], sources: list[list], model: dic
     if model and gate_scales is not None:
         gate = ClassifierGate.of_run(store, gate_scales)
         accs.update({f"model_ungated:{b}": ConfusionAccumulator(n) for a, b in sources if a == "model"})
-    for rec in records_by_id(store.manifest(), ids):
+    for rec in shard_records(store, ids, records):
         gt = store.mask(rec.image_id)
         if gt is None:
             continue
@@ -498,7 +505,8 @@ def evaluate_shard(run_dir: str, ids: list[str], sources: list[list], model: dic
     return {k: acc.conf.tolist() for k, acc in accs.items()}
 
 
-def box_grabcut_shard(run_dir: str, ids: list[str], inset: float = 0.1, iterations: int = 3) -> dict:
+def box_grabcut_shard(run_dir: str, ids: list[str], inset: float = 0.1, iterations: int = 3,
+                      records: list[ImageRecord] | None = None) -> dict:
     """``bench quality``'s per-image baseline on an implicit-background corpus, stored as round 0's
     ``box_grabcut`` labels: GrabCut from a box inset ``inset`` from the border
     (:func:`tasks.wsss.foreground.box_grabcut`), nothing learnt. Its foreground goes to the image's
@@ -511,7 +519,7 @@ def box_grabcut_shard(run_dir: str, ids: list[str], inset: float = 0.1, iteratio
     if bg is None:
         raise ValueError(f"{run_dir}: box GrabCut needs an implicit background class; this corpus has none")
     with store.packing(store.shard_name(ids)):  # the shard's labels as one pack
-        for rec in records_by_id(store.manifest(), ids):
+        for rec in shard_records(store, ids, records):
             image = store.image(rec.image_id)
             obj = [classes.index(t) for t in rec.tags if classes.index(t) != bg]
             label = np.full(image.shape[:2], bg, np.uint8)

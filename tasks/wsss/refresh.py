@@ -17,7 +17,7 @@ from tasks.config import NOT_IN_ROUNDS, WSSSConfig
 from tasks.corpus.encoders import with_weight_digests
 from tasks.corpus.resume import classes_entry, round_inputs
 from tasks.runtime.progress import run_log
-from tasks.store import Store, records_by_id
+from tasks.store import ImageRecord, Store, shard_records
 from tasks.wsss.feature_cache import compute_features
 from tasks.wsss.pipeline import _worker_setup, foreground_on, prelim_model, preliminary_image, pseudo_image
 from tasks.wsss.proposal_classifier import round_mil_model
@@ -48,7 +48,8 @@ def refresh_problem(store: Store, r: int, config: WSSSConfig) -> str | None:
     return None
 
 
-def refresh_shard(run_dir: str, ids: list[str], round_index: int, key: str, config: WSSSConfig) -> dict:
+def refresh_shard(run_dir: str, ids: list[str], round_index: int, key: str, config: WSSSConfig,
+                  records: list[ImageRecord] | None = None, foreground: bool | None = None) -> dict:
     """Label the images ``ids`` with round ``round_index``'s models (see the module docstring);
     images that already have a pseudo-label in the round are skipped, so a stopped refresh
     resumes. Returns ``images``, ``labelled``, the wall seconds of each stage (``seconds``:
@@ -58,7 +59,7 @@ def refresh_shard(run_dir: str, ids: list[str], round_index: int, key: str, conf
     _worker_setup()
     store = Store(run_dir)
     r = round_index
-    recs = [rec for rec in records_by_id(store.manifest(), ids) if not store.has_pseudo(r, rec.image_id)]
+    recs = [rec for rec in shard_records(store, ids, records) if not store.has_pseudo(r, rec.image_id)]
     seconds = {"features": 0.0, "prelim": 0.0, "pseudo": 0.0}
     if not recs:
         return {"images": len(ids), "labelled": 0, "seconds": seconds, "cpu_seconds": time.process_time() - c0}
@@ -75,7 +76,7 @@ def refresh_shard(run_dir: str, ids: list[str], round_index: int, key: str, conf
         cam_net = prelim_model(store, 0) if needs_cam else None
         net, state = prelim_model(store, r)
         # round 0 of a corpus whose tags carry no contrast: the class-agnostic foreground evidence
-        fg_on = foreground_on(store, config)[0]
+        fg_on = foreground_on(store, config)[0] if foreground is None else foreground
         foreground = (r == 0 or needs_cam) and fg_on
         corrected = store.corrections().keys()
         for rec in recs:
