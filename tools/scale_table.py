@@ -11,7 +11,7 @@ parallel efficiency, peak memory, trainer seconds, files by part); ``--object-st
 is printed with the table. Memory: the larger measured size's peak plus what is held per image
 beyond it: in the flow, the manifest's records (``--record-bytes``, measured with tracemalloc),
 12 bytes a name of each pack group's index and 8 of an epoch's shuffled order; in each worker,
-the manifest's records, which every shard task reads whole today. Trainer time is a straight
+the records of its shard, which the flow hands each shard task (no task reads the manifest). Trainer time is a straight
 line through the two measured sizes. The CPU stages scale by the measured 2-worker efficiency (assumed to hold at 16 and 128
 workers, which nothing here measured), each image costs ``--gets-per-image`` object reads a round
 (the image in each of three stages, its feature-cache entry twice, its preliminary result, its
@@ -85,7 +85,7 @@ def main(argv=None) -> int:
         files = corpus_per_image * n + (3 * shards + 1) * (1 + 3) + 3 * shards
         names = 8 + 3 * ROUNDS  # feature-cache parts, and a preliminary result, label and CAM label a round
         flow = (rss[str(n2)]["flow"] * 2 ** 20 + (n - n2) * (args.record_bytes + 12 * names + 8)) / 2 ** 30
-        worker = (rss[str(n2)]["worker"] * 2 ** 20 + (n - n2) * args.record_bytes) / 2 ** 30
+        worker = (rss[str(n2)]["worker"] * 2 ** 20 + size * args.record_bytes) / 2 ** 30
         walls = []
         for w in (2, 16, 128):
             cpu = n * core_ms / 1000 / (w * eff)
