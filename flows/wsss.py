@@ -251,9 +251,10 @@ def refresh_round(run_dir: str, round_index: int, config: WSSSConfig, feature_ke
         run_shards(preliminary_shard, todo, f"r{r} preliminary", per_shard=handing(records), run_dir=run_dir,
                    round_index=r, key=feature_key, config=config, foreground=fg_on)
         # [ours] superpixel MIL: the preliminary result refined by a corpus-wide appearance classifier
-        mil.train_round(store, r, records, feature_key, config.mil, seed=config.seed, log=tracker.log_metrics)
-        # 3. proposal classification (cross-entropy), trained on the whole corpus
-        proposal_classifier.train_round(store, r, records, feature_key, config.proposals,
+        learn = trained_on(store, records, config, quiet=True)  # the trainers' images (all, or train_images of them)
+        mil.train_round(store, r, learn, feature_key, config.mil, seed=config.seed, log=tracker.log_metrics)
+        # 3. proposal classification (cross-entropy), trained on the corpus (its train_images sample when set)
+        proposal_classifier.train_round(store, r, learn, feature_key, config.proposals,
                                         mil_prior_weight=config.mil.prior_weight, seed=config.seed)
         # 5.-7. IoU filtering, fusion per tagged class, 3-way clustering, seeded segmentation
         #     (on the foreground path: GrabCut of the whole image from the combined foreground evidence)
@@ -275,15 +276,27 @@ def refresh_round(run_dir: str, round_index: int, config: WSSSConfig, feature_ke
         seg_cfg, init = config, (r - 1 if r > 0 else None)
         if last and config.segmentation.final_model == "full_budget":
             seg_cfg, init = final_model_config(config, r + 1), None
-        result = train_segmenter(store, records, feature_key, seg_cfg, r=r, label_round=decision.final_round,
+        result = train_segmenter(store, learn, feature_key, seg_cfg, r=r, label_round=decision.final_round,
                                  init_round=init, log=tracker.log_metrics) if train_model else None
         # measurement and reporting, after the method's steps
         summary = report_round(store, r, records, config, tracker, run_id, feature_key, changed, ignored, result,
-                               time.perf_counter() - t0) | decision.record()
+                               time.perf_counter() - t0) | decision.record() | {"trained_images": len(learn)}
         tracker.log_metrics({"reverted_fraction": decision.reverted}
                             | ({"tag_coverage": decision.coverage} if decision.coverage is not None else {}), step=r)
     store.write_round(r, summary)
     return summary
+
+
+def trained_on(store: Store, records: list[ImageRecord], config: WSSSConfig, quiet: bool = False) -> list[ImageRecord]:
+    """The images of ``records`` the corpus-wide trainers learn from: all, or with
+    ``config.train_images`` a seeded sample of them that keeps every corrected image
+    (:func:`tasks.wsss.pipeline.training_records`); said on the terminal unless ``quiet``."""
+    learn = pl.training_records(records, config.train_images, config.seed, store.corrections().keys())
+    if len(learn) < len(records) and not quiet:
+        Progress("trainers", len(records)).message(
+            f"the trainers learn from {len(learn)} of the {len(records)} images (train_images, seed {config.seed}); "
+            "every image is labelled")
+    return learn
 
 
 def keep_round_inputs(store: Store, r: int, inputs: dict) -> None:
@@ -374,9 +387,10 @@ def train_wsss(run_dir: str, config: WSSSConfig = WSSSConfig(), dask_address: st
         # 2. superpixels, proposals and the edge feature map, once per image and parameter set
         key = compute_all_features(run_dir, records, config)
         # 4. image classifier on the tags; its CAMs are round 0's preliminary result
-        cls_seconds = train_image_classifier(store, records, config.classifier, seed=config.seed,
+        learn = trained_on(store, records, config)
+        cls_seconds = train_image_classifier(store, learn, config.classifier, seed=config.seed,
                                              device=config.device, log=tracker.log_metrics,
-                                             inputs=resume.classifier_inputs(store.classes(), records, config))
+                                             inputs=resume.classifier_inputs(store.classes(), learn, config))
         foreground, tag_stats = pl.foreground_on(store, config)
         warnings = contrast_warnings(tag_stats, where=f"split {config.split!r}", foreground=foreground)
         for w in warnings:

@@ -280,6 +280,11 @@ class WSSSConfig(BaseModel):
         "most shard tasks (Prefect task runs) per stage: a corpus above shard_size * max_shards images "
         "(128,000 by default) gets shards of ceil(images / max_shards); 2000 tasks add minutes to a stage "
         "of hours (docs/benchmarks.md#shard-task-cost); results do not depend on the shards"))
+    train_images: int | None = Field(None, ge=1, description=(
+        "the most images the corpus-wide trainers learn from (the image classifier, and each round's MIL and "
+        "proposal classifiers and segmenter): a seeded sample of the split, the same in every round, that keeps "
+        "every image a person corrected; the shard stages still label every image. None: all of them. On a large "
+        "corpus it bounds a round's training time and memory (docs/large-corpora.md#the-stores-layout-at-scale)"))
     seed: int = Field(0, description="random seed of the run's trainings and samplings (round r's MIL: seed + r)")
     device: str = Field("auto", description="where training runs: auto (CUDA when present, else CPU), cpu or cuda")
     pretrained: dict[str, str] = Field(default_factory=dict, description=(

@@ -226,3 +226,53 @@ def test_bench_corrections_queue_against_random(tmp_path, tiny_run, cluster, pre
     table = out.with_suffix(".md").read_text()
     for row in ("| none | 0 |", "| queue | 2 |", "| random-0 | 2 |", "| random (mean of 1) | 2 |"):
         assert row in table
+
+
+def test_a_training_sample_is_seeded_stable_and_keeps_the_corrected_images():
+    """``train_images``'s sample (``training_records``): all images up to the limit; else exactly
+    the limit, in the manifest's order, the same for the same seed and another for another; the
+    corrected images always in it; an ingest that adds images changes it by at most as many."""
+    from tasks.store import ImageRecord
+    from tasks.wsss.pipeline import training_records
+
+    recs = [ImageRecord(image_id=f"img{i:04d}", height=8, width=8, tags=("cow",), sha256=f"{i:064x}", split="train",
+                        source=f"/d/img{i:04d}.jpg", has_mask=False) for i in range(1000)]
+    ids = lambda rs: [r.image_id for r in rs]  # noqa: E731
+    assert training_records(recs, None, 0) == recs and training_records(recs, 1000, 0) == recs
+    a = training_records(recs, 100, 0)
+    assert len(a) == 100 and ids(a) == sorted(ids(a)) and a == training_records(list(recs), 100, 0)
+    assert ids(a) != ids(training_records(recs, 100, 1))
+    keep = {"img0999", "img0500"}
+    k = training_records(recs, 100, 0, keep)
+    assert len(k) == 100 and keep <= set(ids(k))
+    grown = recs + [ImageRecord(**(r.__dict__ | {"image_id": f"new{i:03d}"})) for i, r in enumerate(recs[:50])]
+    assert len(set(ids(a)) - set(ids(training_records(grown, 100, 0)))) <= 50
+
+
+def test_the_trainers_learn_from_a_sample_and_every_image_is_labelled(tmp_path, tiny_run, cluster, prefect_harness):
+    """``train_images=3`` on six images: the image classifier and every round's trainers learn from
+    the same three (the classifier's recorded corpus, the rounds' summaries), and each of the six
+    images has its labels in every round."""
+    import torch
+
+    from flows.runtime import on_cluster
+    from flows.wsss import train_wsss
+    from tasks.config import WSSSConfig
+    from tasks.store import Store
+
+    run = shutil.copytree(tiny_run, tmp_path / "run", symlinks=True)
+    store = Store(run)
+    recs = store.manifest("train")
+    assert len(recs) == 6
+    threads = torch.get_num_threads()
+    try:
+        torch.set_num_threads(2)
+        summary = on_cluster(train_wsss, cluster)(str(run), WSSSConfig.model_validate(TINY | {"train_images": 3}),
+                                                  cluster)
+    finally:
+        torch.set_num_threads(threads)
+    assert store.model_meta("classifier")["inputs"]["corpus"]["images"] == 3
+    rounds = store.finished_rounds()
+    assert rounds and all(store.read_round(r)["trained_images"] == 3 for r in rounds)
+    assert all(store.pseudo(r, rec.image_id) is not None for r in rounds for rec in recs)
+    assert summary["final_round"] in rounds

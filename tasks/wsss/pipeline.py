@@ -183,6 +183,28 @@ def prelim_model(store: Store, r: int) -> tuple[torch.nn.Module, dict]:
     return store.read_model("classifier") if r == 0 else store.read_model("segmenter", r - 1)
 
 
+def training_records(records: Sequence[ImageRecord], limit: int | None, seed: int,
+                     keep: Collection[str] = ()) -> list[ImageRecord]:
+    """The images the corpus-wide trainers learn from (``WSSSConfig.train_images``): all of
+    ``records``, or the ``limit`` whose keyed hash of (``seed``, id) is lowest, always with those
+    in ``keep`` (the images a person corrected), in the order of ``records``. A hash rank, not a
+    draw over the list: an ingest that adds or removes images changes the sample only by as many
+    images, and the same corpus, limit and seed give the same sample in every process."""
+    import hashlib
+
+    if limit is None or len(records) <= limit:
+        return list(records)
+    keep = set(keep)
+    salt = str(seed).encode()
+
+    def rank(r: ImageRecord) -> bytes:
+        return hashlib.blake2b(r.image_id.encode(), digest_size=8, key=salt[:64]).digest()
+
+    rest = sorted((r for r in records if r.image_id not in keep), key=rank)
+    chosen = (keep & {r.image_id for r in records}) | {r.image_id for r in rest[:max(0, limit - len(keep))]}
+    return [r for r in records if r.image_id in chosen]
+
+
 def foreground_on(store: Store, config: WSSSConfig) -> tuple[bool, dict]:
     """Whether the run's class-agnostic foreground path is on (``config.foreground.mode``, from
     the tag statistics of the training split: :func:`tasks.wsss.foreground.foreground_active`), and
