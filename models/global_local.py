@@ -166,6 +166,9 @@ class GlobalLocalNet(nn.Module):
         network starts as the coarse prediction and the patches learn a correction of it.
     residual_gate : bool
         A learnt weight per class of the coarse logits in ``coarse_residual``, starting at 1.
+    residual_weight : float, optional
+        The same weight starting at this value instead (0: the network starts without the coarse
+        logits and lets in as much of them as helps).
     coarse_backbone : bool
         The coarse image goes through a backbone of its own (same architecture, its own weights,
         as the global branch of GLNet, Chen et al. 2019) instead of the patches' backbone, so an
@@ -189,7 +192,7 @@ class GlobalLocalNet(nn.Module):
                  norm_layer: Callable[[int], nn.Module] | None = None, pooling: bool = True,
                  spatial: bool = True, coarse_size: int | None = None, global_weight: float | None = None,
                  coarse_head: bool = False, coarse_residual: bool = False, residual_gate: bool = False,
-                 coarse_backbone: bool = False, residual_init: str = "zero", backbone: str = "hrnet",
+                 residual_weight: float | None = None, coarse_backbone: bool = False, residual_init: str = "zero", backbone: str = "hrnet",
                  weights: Mapping[str, Tensor] | None = None) -> None:
         super().__init__()
         if backbone not in ("hrnet", "lite0", "lite1", "lite2"):
@@ -250,10 +253,11 @@ class GlobalLocalNet(nn.Module):
         if coarse_residual and residual_init == "zero":  # the patches start as the coarse prediction of their region
             nn.init.zeros_(self.classifier.weight)
             nn.init.zeros_(self.classifier.bias)
-        if residual_gate:  # a learnt weight per class of the coarse logits, starting at 1
+        if residual_gate or residual_weight is not None:  # a learnt weight per class of the coarse logits
             if not coarse_residual:
-                raise ValueError("residual_gate needs coarse_residual=True")
-            self.residual_weight = nn.Parameter(torch.ones(num_classes, 1, 1))
+                raise ValueError(f"{'residual_gate' if residual_gate else 'residual_weight'} needs coarse_residual=True")
+            start = 1.0 if residual_weight is None else float(residual_weight)
+            self.residual_weight = nn.Parameter(torch.full((num_classes, 1, 1), start))
 
     # -- building blocks -------------------------------------------------------------
     @staticmethod

@@ -399,6 +399,27 @@ def test_residual_gate_starts_at_one():
         _tiny(coarse_head=True, residual_gate=True)
 
 
+def test_residual_weight_zero_starts_without_the_coarse_logits():
+    """``residual_weight=0``: the same learnt weight starting at 0, so the network starts as its
+    patch classifier alone: its output is the plain network's minus the coarse logits' share."""
+    torch.manual_seed(0)
+    zero = _tiny(coarse_head=True, coarse_residual=True, residual_weight=0.0)
+    torch.manual_seed(0)
+    one = _tiny(coarse_head=True, coarse_residual=True, residual_weight=1.0)
+    assert bool((zero.residual_weight == 0).all()) and bool((one.residual_weight == 1).all())
+    one.eval(), zero.eval()
+    patches, coarse = torch.randn(2, 3, 32, 32), torch.randn(1, 3, 32, 32)
+    boxes = torch.tensor([[0, 0, 0, 16, 16], [0, 8, 8, 24, 24.0]])
+    with torch.no_grad():
+        with_coarse = one.forward_patches(patches, coarse, boxes)
+        one.residual_weight.zero_()
+        torch.testing.assert_close(zero.forward_patches(patches, coarse, boxes),
+                                   one.forward_patches(patches, coarse, boxes))
+        assert not torch.allclose(with_coarse, zero.forward_patches(patches, coarse, boxes))
+    with pytest.raises(ValueError, match="residual_weight needs coarse_residual"):
+        _tiny(coarse_head=True, residual_weight=0.0)
+
+
 def test_coarse_backbone_gives_the_coarse_image_its_own_weights():
     """``coarse_backbone``: the coarse image's features come from a second backbone, so the
     patches' backbone does not change what the coarse head predicts (and the reverse); the whole-

@@ -93,6 +93,10 @@ VARIANTS: dict[str, Variant] = {
     "gl_f2_pool": Variant(True, options={"spatial": False}, about="F1, F2 + pooling branch"),
     "gl_f2_spatial": Variant(True, options={"pooling": False}, about="F1, F2 + spatial branch"),
     "gl_coarse2x": Variant(True, options={"coarse_size": "2p"}, about="coarse image of twice the patch side"),
+    "gl_residual_gate0": Variant(True, options={"coarse_head": True, "coarse_residual": True, "coarse_backbone": True,
+                                                "residual_init": "random", "residual_weight": 0.0}, coarse_loss=1.0,
+                                 coarse_targets="soft", about="global_local with the coarse logits times a learnable "
+                                                              "weight per class starting at 0"),
     "gl_coarse2x_sup": Variant(True, options={"coarse_head": True, "coarse_residual": True, "coarse_backbone": True,
                                               "residual_init": "random", "coarse_size": "2p"}, coarse_loss=1.0,
                                coarse_targets="soft", about="global_local with a coarse image of twice the patch side"),
