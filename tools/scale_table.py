@@ -3,7 +3,7 @@ size, tasks per stage, flow and worker memory, and one round's wall time on 2, 1
 with the store on S3-compatible storage, at 10^5, 10^6 and 10^7 images.
 
     python tools/scale_table.py --pipeline runs/bp/pipeline.json --object-store runs/s3.json \\
-        [--sizes 100000 1000000 10000000] [--gets-per-image 8] [--record-bytes 630]
+        [--sizes 100000 1000000 10000000] [--gets-per-image 8] [--record-bytes 630] [--train-images N]
 
 ``--pipeline``: `wsseg bench pipeline`'s JSON at two sizes (per-image core-ms of the CPU stages,
 parallel efficiency, peak memory, trainer seconds, files by part); ``--object-store``:
@@ -12,7 +12,8 @@ is printed with the table. Memory: the larger measured size's peak plus what is 
 beyond it: in the flow, the manifest's records (``--record-bytes``, measured with tracemalloc),
 12 bytes a name of each pack group's index and 8 of an epoch's shuffled order; in each worker,
 the records of its shard, which the flow hands each shard task (no task reads the manifest). Trainer time is a straight
-line through the two measured sizes. The CPU stages scale by the measured 2-worker efficiency (assumed to hold at 16 and 128
+line through the two measured sizes, at the corpus's size or, with ``--train-images`` (the run's
+``train_images``), at the sample's. The CPU stages scale by the measured 2-worker efficiency (assumed to hold at 16 and 128
 workers, which nothing here measured), each image costs ``--gets-per-image`` object reads a round
 (the image in each of three stages, its feature-cache entry twice, its preliminary result, its
 previous labels) at the measured ranged-GET latency, serial within a single-threaded worker, and
@@ -50,6 +51,8 @@ def main(argv=None) -> int:
     ap.add_argument("--gets-per-image", type=float, default=8, help="object reads per image and round (default 8)")
     ap.add_argument("--record-bytes", type=float, default=630, help="bytes of one manifest record in memory "
                     "(default 630, measured at 4000 images)")
+    ap.add_argument("--train-images", type=int, default=None, help="train_images: the trainers learn from at "
+                    "most this many images (default: all)")
     ap.add_argument("--shard-size", type=int, default=64, help="shard_size (default 64)")
     ap.add_argument("--max-shards", type=int, default=2000, help="max_shards (default 2000)")
     args = ap.parse_args(argv)
@@ -72,7 +75,8 @@ def main(argv=None) -> int:
     print(f"model: CPU stages {core_ms:.0f} core-ms an image (features + preliminary + pseudo-labels, N = {n1}); "
           f"parallel efficiency {eff:.2f} (1 -> 2 workers, assumed at 16 and 128); {args.gets_per_image:g} object "
           f"reads an image a round at {get_ms:.1f} ms (moto); 0.2 s a shard task; trainers {tr1:.0f} s at {n1} "
-          f"and {tr2:.0f} s at {n2} images on the benchmark's budget, in the command's process; corpus "
+          f"and {tr2:.0f} s at {n2} images on the benchmark's budget, in the command's process"
+          f"{f', on at most {args.train_images:,} images (train_images)' if args.train_images else ''}; corpus "
           f"{corpus_per_image:.2f} files an image; manifest {manifest_per_row or 0:.0f} bytes a row; packs 3 files "
           f"a shard and group (cache 1, rounds 3 in round 0 and 2 after) plus 3 markers and tables a shard and round")
     print()
@@ -92,7 +96,7 @@ def main(argv=None) -> int:
             io = n * args.gets_per_image * get_ms / 1000 / w
             tasks = 3 * shards * 0.2 / w
             walls.append(human_time(cpu + io + tasks))
-        trainers = line(n1, tr1, n2, tr2, n)
+        trainers = line(n1, tr1, n2, tr2, min(n, args.train_images or n))
         print(f"| {n:,} | {size}, {shards:,} | {files:,.0f} | {(manifest_per_row or 0) * n / 2 ** 20:,.0f} MB "
               f"| {flow:,.1f} / {worker:,.1f} GB | {' / '.join(walls)} | {human_time(trainers)} |")
     return 0
