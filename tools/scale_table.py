@@ -10,7 +10,9 @@ parallel efficiency, peak memory, trainer seconds, files by part); ``--object-st
 `tools/bench_object_store.py --out`'s (ms per request on moto's server). Every line of the model
 is printed with the table. Memory: the larger measured size's peak plus what is held per image
 beyond it: in the flow, the manifest's records (``--record-bytes``, measured with tracemalloc),
-12 bytes a name of each pack group's index and 8 of an epoch's shuffled order; in each worker,
+12 bytes a name of each pack group's index, 8 of an epoch's shuffled order and the rows handed to a
+stage's shard tasks (``--handed-bytes`` pickled, held by the Dask scheduler, which a local cluster
+runs in the command's process, while the tasks wait: a stage submits them all); in each worker,
 the records of its shard, which the flow hands each shard task (no task reads the manifest). Trainer time is a straight
 line through the two measured sizes, at the corpus's size or, with ``--train-images`` (the run's
 ``train_images``), at the sample's. The CPU stages scale by the measured 2-worker efficiency (assumed to hold at 16 and 128
@@ -51,6 +53,8 @@ def main(argv=None) -> int:
     ap.add_argument("--gets-per-image", type=float, default=8, help="object reads per image and round (default 8)")
     ap.add_argument("--record-bytes", type=float, default=630, help="bytes of one manifest record in memory "
                     "(default 630, measured at 4000 images)")
+    ap.add_argument("--handed-bytes", type=float, default=198, help="bytes of one manifest row pickled as a "
+                    "shard task's argument (default 198, measured on bench pipeline's corpus)")
     ap.add_argument("--train-images", type=int, default=None, help="train_images: the trainers learn from at "
                     "most this many images (default: all)")
     ap.add_argument("--shard-size", type=int, default=64, help="shard_size (default 64)")
@@ -88,7 +92,7 @@ def main(argv=None) -> int:
         shards = math.ceil(n / size)
         files = corpus_per_image * n + (3 * shards + 1) * (1 + 3) + 3 * shards
         names = 8 + 3 * ROUNDS  # feature-cache parts, and a preliminary result, label and CAM label a round
-        flow = (rss[str(n2)]["flow"] * 2 ** 20 + (n - n2) * (args.record_bytes + 12 * names + 8)) / 2 ** 30
+        flow = (rss[str(n2)]["flow"] * 2 ** 20 + (n - n2) * (args.record_bytes + 12 * names + 8 + args.handed_bytes)) / 2 ** 30
         worker = (rss[str(n2)]["worker"] * 2 ** 20 + size * args.record_bytes) / 2 ** 30
         walls = []
         for w in (2, 16, 128):
