@@ -165,7 +165,8 @@ def add_bench_highres_parser(bench) -> argparse.ArgumentParser:
                         "gl_residual_e2e (coarse logits added, no coarse loss), gl_gated (global_local with F2 "
                         "times a learnable scalar starting at 0), gl_coarse2x_sup (global_local with a coarse image "
                         "of twice the patch side), gl_residual_gate0 (global_local with the coarse logits times a "
-                        "learnable weight per class starting at 0)")
+                        "learnable weight per class starting at 0), gl_gates0_sup (global_local with both: F2 and "
+                        "the coarse logits each times a learnable weight starting at 0)")
     p.add_argument("--images-per-batch", type=int, default=2,
                    help="images the patches of one step are cut from, each with its coarse image (default 2)")
     p.add_argument("--memory-probe", action=argparse.BooleanOptionalAction, default=True,

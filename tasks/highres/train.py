@@ -97,6 +97,12 @@ VARIANTS: dict[str, Variant] = {
                                                 "residual_init": "random", "residual_weight": 0.0}, coarse_loss=1.0,
                                  coarse_targets="soft", about="global_local with the coarse logits times a learnable "
                                                               "weight per class starting at 0"),
+    "gl_gates0_sup": Variant(True, options={"coarse_head": True, "coarse_residual": True, "coarse_backbone": True,
+                                            "residual_init": "random", "global_weight": 0.0, "residual_weight": 0.0},
+                             coarse_loss=1.0, coarse_targets="soft",
+                             about="global_local with F2 and the coarse logits each times a learnable weight "
+                                   "starting at 0 (the patch branch starts alone; the coarse image learns on its "
+                                   "own loss)"),
     "gl_coarse2x_sup": Variant(True, options={"coarse_head": True, "coarse_residual": True, "coarse_backbone": True,
                                               "residual_init": "random", "coarse_size": "2p"}, coarse_loss=1.0,
                                coarse_targets="soft", about="global_local with a coarse image of twice the patch side"),
