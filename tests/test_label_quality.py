@@ -319,3 +319,24 @@ def test_the_probes_colocalisation_finds_what_every_image_shares():
         p = (f - mu) @ v
         assert p[:4].min() > 0 > p[4:].max()
     assert scale == pytest.approx(3.0, rel=0.1)  # the spread along the component: +-3 around the mean
+
+
+def test_label_areas_says_how_much_larger_a_class_is_labelled_than_it_is():
+    """tools/label_areas.py's table: a class labelled over twice its true area (its 4 pixels and 4 of
+    its neighbour's) has area 2.0 and IoU 0.5; the neighbour, labelled on 8 of its 12, 0.667 / 0.667;
+    ignored pixels of the mask count nowhere, and a class with no true pixel is NaN."""
+    spec = importlib.util.spec_from_file_location("label_areas", ROOT / "tools" / "label_areas.py")
+    tool = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(tool)
+    from tasks.common.metrics import confusion_matrix
+
+    mask = np.zeros((4, 5), np.uint8)
+    mask[0, :4] = 1           # class 1: 4 pixels; class 0: 12 pixels (plus the ignored column)
+    mask[:, 4] = 255
+    label = np.zeros((4, 5), np.uint8)
+    label[:2, :4] = 1         # class 1 labelled on its 4 pixels and 4 of class 0's
+    label[:, 4] = 1           # over ignored pixels: not counted
+    iou, area = tool.area_table(confusion_matrix(label, mask, 3))
+    assert iou[1] == pytest.approx(0.5) and area[1] == pytest.approx(2.0)
+    assert iou[0] == pytest.approx(8 / 12) and area[0] == pytest.approx(8 / 12)
+    assert np.isnan(iou[2]) and np.isnan(area[2])
