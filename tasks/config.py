@@ -61,6 +61,10 @@ class ClassifierConfig(BaseModel):
         "centered: class maps minus their image mean, softmax over the tags; normalized: ReLU CAMs "
         "divided by their maximum; auto: centered without an implicit background class"))
     cam_temperature: float = Field(1.0, gt=0, description="softmax temperature of centered class maps")
+    cam_centring: float = Field(1.0, ge=0, le=1, description=(
+        "centered class maps: the share of each class map's image mean that is subtracted (1 = all, 0 = "
+        "uncentred maps); 1, as 0.5 raised msrc21's CAM and lowered its labels, see "
+        "docs/benchmarks.md#defaults-and-why"))
     background_threshold: float = Field(0.35, description="CAM score of the implicit background class")
 
 
@@ -309,10 +313,41 @@ def shard_size_for(n_images: int, shard_size: int, max_shards: int = 2000) -> in
 NOT_IN_ROUNDS = ("max_rounds", "inference", "shard_size", "max_shards")
 
 
+_MISSING = object()
+
+
+def _differs(previous: Any, current: Any, default: Any) -> bool:
+    """Whether a recorded configuration value differs from today's; a field the record lacks (an
+    older wsseg had no such option) is no change while today's value is its default, which keeps
+    the older behaviour (an option is added that way), inside sub-configurations too."""
+    if previous is _MISSING:
+        return current != default
+    if isinstance(previous, dict) and isinstance(current, dict):
+        default = default if isinstance(default, dict) else {}
+        return any(_differs(previous.get(k, _MISSING), current.get(k, _MISSING), default.get(k, _MISSING))
+                   for k in set(previous) | set(current))
+    return previous != current
+
+
+def changed_fields(previous: dict, current: dict) -> list[str]:
+    """The top-level fields (as JSON) in which ``current`` differs from ``previous``, leaving out
+    :data:`NOT_IN_ROUNDS`; options an older wsseg did not record count as their defaults, so that a
+    run directory is not recomputed because wsseg gained an option it does not use."""
+    defaults = WSSSConfig().model_dump(mode="json")
+    return sorted(k for k in set(previous) | set(current) if k not in NOT_IN_ROUNDS
+                  and _differs(previous.get(k, _MISSING), current.get(k, _MISSING), defaults.get(k, _MISSING)))
+
+
+def settings_changed(previous: dict, current: BaseModel) -> bool:
+    """Whether settings recorded as JSON (a checkpoint's) differ from ``current``'s, options the record
+    lacks counting as their defaults (see :func:`changed_fields`)."""
+    return _differs(previous, current.model_dump(mode="json"), type(current)().model_dump(mode="json"))
+
+
 def config_difference(previous: dict | None, current: WSSSConfig) -> list[str]:
     """The top-level fields in which ``current`` differs from the configuration a run directory
-    was started with (``previous``, as JSON), leaving out :data:`NOT_IN_ROUNDS`."""
+    was started with (``previous``, as JSON), leaving out :data:`NOT_IN_ROUNDS` (see
+    :func:`changed_fields`)."""
     if previous is None:
         return []
-    now = current.model_dump(mode="json")
-    return sorted(k for k in set(previous) | set(now) if previous.get(k) != now.get(k) and k not in NOT_IN_ROUNDS)
+    return changed_fields(previous, current.model_dump(mode="json"))

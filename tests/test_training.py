@@ -297,6 +297,27 @@ def test_centred_class_maps_ignore_offsets_and_untagged_classes():
     np.testing.assert_allclose(cam_to_prob_centered(shifted, allowed), p, atol=1e-6)
 
 
+def test_full_centring_hands_a_large_class_s_pixels_to_a_small_class_s_halo_and_partial_centring_does_not():
+    """A large class (16 of 20 columns at 2.0) beside a small one (4 columns at 2.0, and a halo of
+    1.2 over the large class's last 4 columns: context its classifier learnt). Subtracting each whole
+    image mean (1.6 and 0.64) gives the halo to the small class (0.4 < 0.56); half of it keeps the
+    halo the large class's (1.2 > 0.88); none is the plain softmax of the maps."""
+    from tasks.wsss.pipeline import cam_to_prob_centered
+
+    yy, xx = np.mgrid[0:10, 0:20]
+    large = (xx < 16) * 2.0
+    small = (xx >= 16) * 2.0 + ((xx >= 12) & (xx < 16)) * 1.2
+    maps = np.stack([large, small]).astype(np.float32)
+    allowed = np.array([True, True])
+    halo, inside = (xx >= 12) & (xx < 16), xx >= 16
+    full = cam_to_prob_centered(maps, allowed).argmax(0)
+    half = cam_to_prob_centered(maps, allowed, centring=0.5).argmax(0)
+    assert (full[halo] == 1).all() and (full[inside] == 1).all() and (full[xx < 12] == 0).all()
+    assert (half[halo] == 0).all() and (half[inside] == 1).all() and (half[xx < 12] == 0).all()
+    raw = np.exp(maps - maps.max(0))
+    np.testing.assert_allclose(cam_to_prob_centered(maps, allowed, centring=0.0), raw / raw.sum(0), atol=1e-6)
+
+
 def test_balanced_class_weights_favour_small_classes_within_a_cap():
     w = tr.balanced_class_weights([900, 100, 0, 1], power=0.5, max_ratio=10.0)
     assert w[2] == 0.0  # a class with no pixels has nothing to weigh

@@ -21,7 +21,7 @@ from __future__ import annotations
 
 from typing import Sequence
 
-from tasks.config import NOT_IN_ROUNDS, WSSSConfig
+from tasks.config import NOT_IN_ROUNDS, WSSSConfig, changed_fields
 from tasks.store import ClassSpec, ImageRecord, corpus_hash
 
 
@@ -80,8 +80,9 @@ def what_changed(previous: dict | None, current: dict) -> list[str]:
     if a.get("digest") != b.get("digest"):
         out.append(f"the corrections ({a.get('images', 0)} -> {b.get('images', 0)} corrected images)")
     a, b = previous.get("config") or {}, current.get("config") or {}
-    # fields an older wsseg recorded that no round depends on (the shard size) are no change
-    fields = sorted(k for k in set(a) | set(b) if a.get(k) != b.get(k) and k not in NOT_IN_ROUNDS)
+    # fields an older wsseg recorded that no round depends on (the shard size) are no change, nor
+    # options it did not have while they keep their defaults
+    fields = changed_fields(a, b)
     if fields:
         out.append(f"the configuration (differs in: {', '.join(fields)})")
     return out

@@ -9,7 +9,7 @@ from typing import Callable
 import numpy as np
 
 from tasks.common import training as tr
-from tasks.config import ClassifierConfig
+from tasks.config import ClassifierConfig, settings_changed
 from tasks.corpus.resume import what_changed
 from tasks.runtime.progress import Progress
 from tasks.store import ClassSpec, ImageRecord, Store, build_network
@@ -72,7 +72,7 @@ def train_image_classifier(store: Store, records: list[ImageRecord], cfg: Classi
     saved = store.usable_checkpoint("classifier")  # read once: its metadata says how it was trained
     if saved is not None:
         meta = saved.get("meta", {})
-        changed = ([] if meta.get("config", wanted) == wanted else ["its settings"]) + \
+        changed = (["its settings"] if settings_changed(meta.get("config", wanted), cfg) else []) + \
             (what_changed(meta.get("inputs"), inputs) if inputs is not None else [])
         if not changed:
             return meta.get("seconds", 0.0)
