@@ -38,6 +38,7 @@ def test_ablation_variants_flag_what_the_config_cannot_express():
     on = apply_overrides(WSSSConfig(), v["iou_filter"]["overrides"])
     assert ablation_variants(on)["no_iou_filter"]["overrides"] == {"proposals.t1": 0.0, "proposals.p1": 0.0}
     assert v["no_mil_claim"]["overrides"] == {"mil.min_share": 0.0}
+    assert v["no_mil_prior"]["overrides"] == {"mil.prior_weight": 0.0}
     # the MIL and the proposal classifier both train against untagged classes by default
     assert v["mil_negatives_off"]["overrides"] == {"mil.negatives": "off"} and "mil_negatives_first_round" not in v
     assert v["mil_negatives_all_rounds"]["from_round"] == 1

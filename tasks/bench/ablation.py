@@ -84,6 +84,9 @@ def ablation_variants(config: WSSSConfig) -> dict[str, dict]:
     if config.mil.iterations > 0 and config.mil.min_share > 0:
         out["no_mil_claim"] = {"what": "MIL targets by plain argmax (tagged classes claim no least area)",
                                "overrides": {"mil.min_share": 0.0}}
+    if config.mil.iterations > 0 and config.mil.prior_weight > 0:
+        out["no_mil_prior"] = {"what": "MIL mixtures without the preliminary result (the superpixel classifier "
+                                       "alone reassigns)", "overrides": {"mil.prior_weight": 0.0}}
     if config.mil.iterations > 0:
         for mode, what in (("off", "MIL softmax over the tags only in training (no negatives from untagged classes)"),
                            ("first_round", "MIL negatives (softmax over every class) in round 0 only"),
