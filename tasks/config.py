@@ -315,33 +315,38 @@ NOT_IN_ROUNDS = ("max_rounds", "inference", "shard_size", "max_shards")
 
 _MISSING = object()
 
+#: Options added after run directories were first recorded whose default does what wsseg did
+#: without them. A recorded configuration (an older wsseg's) that lacks one of these is no change
+#: while today's value is that default, so upgrading wsseg does not reprocess a corpus. An option
+#: whose default changes any result must not be listed: a record without it is recomputed.
+NEUTRAL_ADDITIONS = frozenset({"classifier.cam_centring", "train_images"})
 
-def _differs(previous: Any, current: Any, default: Any) -> bool:
-    """Whether a recorded configuration value differs from today's; a field the record lacks (an
-    older wsseg had no such option) is no change while today's value is its default, which keeps
-    the older behaviour (an option is added that way), inside sub-configurations too."""
+
+def _differs(previous: Any, current: Any, default: Any, path: str) -> bool:
+    """Whether a recorded configuration value (at dotted ``path``) differs from today's; a
+    :data:`NEUTRAL_ADDITIONS` field the record lacks is no change while today's value is its default."""
     if previous is _MISSING:
-        return current != default
+        return not (path in NEUTRAL_ADDITIONS and current == default)
     if isinstance(previous, dict) and isinstance(current, dict):
         default = default if isinstance(default, dict) else {}
-        return any(_differs(previous.get(k, _MISSING), current.get(k, _MISSING), default.get(k, _MISSING))
-                   for k in set(previous) | set(current))
+        return any(_differs(previous.get(k, _MISSING), current.get(k, _MISSING), default.get(k, _MISSING),
+                            f"{path}.{k}" if path else k) for k in set(previous) | set(current))
     return previous != current
 
 
 def changed_fields(previous: dict, current: dict) -> list[str]:
     """The top-level fields (as JSON) in which ``current`` differs from ``previous``, leaving out
-    :data:`NOT_IN_ROUNDS`; options an older wsseg did not record count as their defaults, so that a
-    run directory is not recomputed because wsseg gained an option it does not use."""
+    :data:`NOT_IN_ROUNDS`; a :data:`NEUTRAL_ADDITIONS` option an older wsseg did not record counts as
+    its default."""
     defaults = WSSSConfig().model_dump(mode="json")
     return sorted(k for k in set(previous) | set(current) if k not in NOT_IN_ROUNDS
-                  and _differs(previous.get(k, _MISSING), current.get(k, _MISSING), defaults.get(k, _MISSING)))
+                  and _differs(previous.get(k, _MISSING), current.get(k, _MISSING), defaults.get(k, _MISSING), k))
 
 
-def settings_changed(previous: dict, current: BaseModel) -> bool:
-    """Whether settings recorded as JSON (a checkpoint's) differ from ``current``'s, options the record
-    lacks counting as their defaults (see :func:`changed_fields`)."""
-    return _differs(previous, current.model_dump(mode="json"), type(current)().model_dump(mode="json"))
+def settings_changed(previous: dict, current: BaseModel, path: str) -> bool:
+    """Whether settings recorded as JSON (a checkpoint's) differ from ``current``'s, the sub-configuration
+    at ``path`` of :class:`WSSSConfig` (``"classifier"``; see :data:`NEUTRAL_ADDITIONS`)."""
+    return _differs(previous, current.model_dump(mode="json"), type(current)().model_dump(mode="json"), path)
 
 
 def config_difference(previous: dict | None, current: WSSSConfig) -> list[str]:

@@ -174,8 +174,9 @@ def test_the_pretrained_option_is_the_users_and_weights_are_not():
 
 def test_an_option_an_older_wsseg_did_not_record_is_no_change_while_it_keeps_its_default():
     """A run directory computed before wsseg had ``classifier.cam_centring`` (its recorded configuration
-    lacks the key): today's default is no reason to recompute its rounds or retrain its classifier,
-    and the start-up message names no field; the option set to another value is a change."""
+    lacks the key; the option is in NEUTRAL_ADDITIONS): today's default is no reason to recompute its
+    rounds or retrain its classifier, and the start-up message names no field; the option set to another
+    value is a change, and so is a missing option that is not neutral."""
     from tasks.config import settings_changed
 
     classes = ClassSpec(("cow", "grass"))
@@ -188,15 +189,24 @@ def test_an_option_an_older_wsseg_did_not_record_is_no_change_while_it_keeps_its
     old_config = cfg.model_dump(mode="json")
     del old_config["classifier"]["cam_centring"]
     assert resume.what_changed(old, resume.round_inputs(classes, recs, cfg)) == []
-    assert not settings_changed(old_settings, cfg.classifier)
+    assert not settings_changed(old_settings, cfg.classifier, "classifier")
     assert config_difference(old_config, cfg) == []
     other = cfg.model_copy(update={"classifier": cfg.classifier.model_copy(update={"cam_centring": 0.5})})
     assert resume.what_changed(old, resume.round_inputs(classes, recs, other)) == [
         "the configuration (differs in: classifier)"]
-    assert settings_changed(old_settings, other.classifier)
+    assert settings_changed(old_settings, other.classifier, "classifier")
     assert config_difference(old_config, other) == ["classifier"]
     # a value recorded and changed is a change as before; a field only today's dict has and no default
     # knows (a key inside a free options dict) is one too
-    assert settings_changed(cfg.classifier.model_dump(mode="json"), other.classifier)
+    assert settings_changed(cfg.classifier.model_dump(mode="json"), other.classifier, "classifier")
     opts = cfg.model_copy(update={"segmentation": cfg.segmentation.model_copy(update={"options": {"width": 16}})})
     assert config_difference(cfg.model_dump(mode="json"), opts) == ["segmentation"]
+    # an option that changed results when it came (the pretrained encoder, against `small` before it) is
+    # not neutral: a record without it is recomputed even at today's default
+    no_encoder = cfg.classifier.model_dump(mode="json")
+    del no_encoder["encoder"]
+    assert settings_changed(no_encoder, cfg.classifier, "classifier")
+    old_rounds = resume.round_inputs(classes, recs, cfg)
+    del old_rounds["config"]["classifier"]["encoder"]
+    assert resume.what_changed(old_rounds, resume.round_inputs(classes, recs, cfg)) == [
+        "the configuration (differs in: classifier)"]

@@ -72,7 +72,7 @@ def train_image_classifier(store: Store, records: list[ImageRecord], cfg: Classi
     saved = store.usable_checkpoint("classifier")  # read once: its metadata says how it was trained
     if saved is not None:
         meta = saved.get("meta", {})
-        changed = (["its settings"] if settings_changed(meta.get("config", wanted), cfg) else []) + \
+        changed = (["its settings"] if settings_changed(meta.get("config", wanted), cfg, "classifier") else []) + \
             (what_changed(meta.get("inputs"), inputs) if inputs is not None else [])
         if not changed:
             return meta.get("seconds", 0.0)
