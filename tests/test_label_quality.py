@@ -340,3 +340,23 @@ def test_label_areas_says_how_much_larger_a_class_is_labelled_than_it_is():
     assert iou[1] == pytest.approx(0.5) and area[1] == pytest.approx(2.0)
     assert iou[0] == pytest.approx(8 / 12) and area[0] == pytest.approx(8 / 12)
     assert np.isnan(iou[2]) and np.isnan(area[2])
+
+
+def test_seed_errors_keeps_the_seed_map_step_7_receives_and_puts_the_solver_back():
+    """tools/seed_errors.py's spy: inside it, a seeded segmentation (as pseudo_label calls it, through
+    the module) runs unchanged and its seed map is kept; after it, the module's own function is back."""
+    spec = importlib.util.spec_from_file_location("seed_errors", ROOT / "tools" / "seed_errors.py")
+    tool = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(tool)
+    from tasks.wsss import fusion
+
+    solve = fusion.seeded_segmentation
+    image = np.zeros((6, 8, 3), np.uint8)
+    seeds = np.zeros((6, 8), np.int32)
+    seeds[:, 0], seeds[:, -1] = 1, 2
+    with tool.seed_maps({}) as kept:
+        labels, _ = fusion.seeded_segmentation(image, seeds, method="nearest")
+    assert fusion.seeded_segmentation is solve
+    np.testing.assert_array_equal(kept["seeds"], seeds)
+    np.testing.assert_array_equal(labels, solve(image, seeds, method="nearest")[0])
+    assert (labels[:, :3] == 1).all() and (labels[:, -3:] == 2).all()
