@@ -231,21 +231,27 @@ os.kill(os.getpid(), signal.SIGKILL)
 """
 
 
+def _assert_ended_within(proc: psutil.Process, seconds: float, message: str) -> None:
+    """Wait up to ``seconds`` for ``proc`` to end (the watchdog's work), failing with ``message``
+    otherwise; a process left running is killed either way."""
+    started = proc.create_time()
+    try:
+        deadline = time.monotonic() + seconds
+        while _alive({proc.pid: started}) and time.monotonic() < deadline:
+            time.sleep(0.2)
+        assert not _alive({proc.pid: started}), message
+    finally:
+        if _alive({proc.pid: started}):
+            proc.kill()
+
+
 def test_the_watchdog_ends_an_orphan_the_command_left_before_it_was_killed():
     proc = subprocess.run([sys.executable, "-c", _ORPHANING, str(ROOT)], capture_output=True, text=True,
                           timeout=60)
     assert proc.returncode == -signal.SIGKILL, proc.stderr
     orphan = psutil.Process(int(proc.stdout.strip()))
-    started = orphan.create_time()
     assert orphan.ppid() != os.getpid()
-    try:
-        deadline = time.monotonic() + 30
-        while _alive({orphan.pid: started}) and time.monotonic() < deadline:
-            time.sleep(0.2)
-        assert not _alive({orphan.pid: started}), "the orphan outlived the killed command"
-    finally:
-        if _alive({orphan.pid: started}):
-            orphan.kill()
+    _assert_ended_within(orphan, 30, "the orphan outlived the killed command")
 
 
 # A command that forks a child without exec (as a data loader's worker is started) and is SIGKILLed
@@ -272,13 +278,5 @@ def test_the_watchdog_ends_a_fork_the_command_started_just_before_it_was_killed(
     proc = subprocess.run([sys.executable, "-c", _FORKING, str(ROOT)], capture_output=True, text=True, timeout=60)
     assert proc.returncode == -signal.SIGKILL, proc.stderr
     fork = psutil.Process(int(proc.stdout.strip()))
-    started = fork.create_time()
     assert "WSSEG_REAPER_TOKEN" not in fork.environ()  # what the watchdog's scan by token cannot see
-    try:
-        deadline = time.monotonic() + 30
-        while _alive({fork.pid: started}) and time.monotonic() < deadline:
-            time.sleep(0.2)
-        assert not _alive({fork.pid: started}), "the fork outlived the killed command"
-    finally:
-        if _alive({fork.pid: started}):
-            fork.kill()
+    _assert_ended_within(fork, 30, "the fork outlived the killed command")

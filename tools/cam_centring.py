@@ -19,6 +19,7 @@ import torch  # noqa: E402
 from tasks.common import training as tr  # noqa: E402
 from tasks.common.metrics import confusion_matrix  # noqa: E402
 from tasks.store import Store  # noqa: E402
+from tasks.wsss.pipeline import cam_to_prob_centered  # noqa: E402
 from tools.label_areas import area_table  # noqa: E402
 
 
@@ -45,11 +46,10 @@ def main(argv: list[str] | None = None) -> int:
         image, mask = store.image(rec.image_id), store.mask(rec.image_id)
         maps = np.zeros((k,) + image.shape[:2], np.float32)
         maps[objects] = tr.class_activation_maps(model, image, scales=tuple(args.scales), raw=True)
-        tagged = np.array(sorted(classes.index(t) for t in rec.tags))
-        sub = maps[tagged]
-        mean = sub.reshape(len(tagged), -1).mean(1)[:, None, None]
-        for a in args.centring:
-            conf[a] += confusion_matrix(tagged[np.argmax(sub - a * mean, 0)].astype(np.uint8), mask, k)
+        tagged = classes.tag_vector(rec.tags)
+        for a in args.centring:  # the pipeline's own centring (round 0's preliminary result), argmax over the tags
+            prob = cam_to_prob_centered(maps, tagged, centring=a)
+            conf[a] += confusion_matrix(prob.argmax(0).astype(np.uint8), mask, k)
         if i % 50 == 0 or i == len(records):
             print(f"  {i}/{len(records)} images", file=sys.stderr, flush=True)
     shown = [c for c in args.show if c in names]

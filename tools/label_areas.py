@@ -15,7 +15,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 import numpy as np  # noqa: E402
 
-from tasks.common.metrics import confusion_matrix  # noqa: E402
+from tasks.common.metrics import confusion_matrix, iou_from_confusion  # noqa: E402
 from tasks.store import Store  # noqa: E402
 
 
@@ -24,10 +24,7 @@ def area_table(confusion: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     IoU and labelled area / true area (NaN where the class has no true pixel)."""
     k = confusion.shape[0]
     labelled, true = confusion[:, :k].sum(axis=0), confusion.sum(axis=1)
-    tp = np.diag(confusion[:, :k])
-    union = labelled + true - tp
-    iou = np.where(union > 0, tp / np.maximum(union, 1), np.nan)
-    return iou, np.where(true > 0, labelled / np.maximum(true, 1), np.nan)
+    return iou_from_confusion(confusion)[0], np.where(true > 0, labelled / np.maximum(true, 1), np.nan)
 
 
 def main(argv: list[str] | None = None) -> int:

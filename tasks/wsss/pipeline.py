@@ -5,6 +5,7 @@ through :class:`tasks.store.Store`.
 """
 from __future__ import annotations
 
+import hashlib
 import time
 from pathlib import Path
 from typing import Collection, Sequence
@@ -191,8 +192,6 @@ def training_records(records: Sequence[ImageRecord], limit: int | None, seed: in
     in ``keep`` (the images a person corrected), in the order of ``records``. A hash rank, not a
     draw over the list: an ingest that adds or removes images changes the sample only by as many
     images, and the same corpus, limit and seed give the same sample in every process."""
-    import hashlib
-
     if limit is None or len(records) <= limit:
         return list(records)
     keep = set(keep)
