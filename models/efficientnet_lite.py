@@ -144,14 +144,17 @@ class EfficientNetLite(nn.Module):
             self._bn1 = nn.BatchNorm2d(HEAD, momentum=0.01, eps=1e-3)
             self._fc = nn.Linear(HEAD, num_classes)
 
-    def forward_features(self, x: Tensor) -> list[Tensor]:
-        """Feature maps at strides 2, 4, 8, 16, 32 (capped at ``output_stride``)."""
+    def forward_features(self, x: Tensor, levels: int | None = None) -> list[Tensor]:
+        """Feature maps at strides 2, 4, 8, 16, 32 (capped at ``output_stride``); the first
+        ``levels`` of them only, without running the blocks after, when given."""
         x = self.act(self._bn0(self._conv_stem(x)))
         feats, ends = [], set(self._level_ends)
         for i, blk in enumerate(self._blocks):
             x = blk(x)
             if i in ends:
                 feats.append(x)
+                if levels is not None and len(feats) == levels:
+                    break
         return feats
 
     def forward(self, x: Tensor) -> Tensor:

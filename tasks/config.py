@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 
 class FeatureConfig(BaseModel):
@@ -26,9 +26,20 @@ class FeatureConfig(BaseModel):
         "union of several superpixel-merging strategies (two colour spaces, and none), as selective search's "
         "'fast' mode: more proposals per image"))
     deep_features: Literal["lite0", "lite1", "lite2", "none"] = Field("lite0", description=(
-        "superpixel (and so proposal) features from an ImageNet EfficientNet-Lite's stride-8/16/32 maps, beside "
+        "superpixel (and so proposal) features from an ImageNet EfficientNet-Lite's maps (deep_strides), beside "
         "the colour and texture ones; 'none' = the hand-made features alone (tasks.wsss.deep_features); pretrained "
         "because it separates classes better, see docs/benchmarks.md#pretrained-encoders"))
+    deep_strides: tuple[int, ...] = Field((8, 16), min_length=1, description=(
+        "the encoder maps pooled over each superpixel, by stride (8, 16, 32); 8 and 16: the stride-32 map "
+        "sees so much around a superpixel that the weakly trained classifiers learn the CAM's co-occurrence "
+        "from it (water beside a bird labelled bird), see docs/benchmarks.md#superpixel-features-without-context"))
+
+    @field_validator("deep_strides")
+    @classmethod
+    def _known_strides(cls, v: tuple[int, ...]) -> tuple[int, ...]:
+        if not set(v) <= {8, 16, 32} or len(set(v)) != len(v):
+            raise ValueError(f"strides must be distinct values of 8, 16 and 32, got {list(v)}")
+        return tuple(sorted(v))
 
 
 class ClassifierConfig(BaseModel):

@@ -3,7 +3,9 @@ layout, the sliver rule, their place in the feature cache's key, and that on rea
 tell the sample's classes apart better than the hand-made colour and texture features."""
 import cv2
 import numpy as np
+import pytest
 from PIL import Image
+from pydantic import ValidationError
 
 from tasks.config import FeatureConfig
 from tasks.wsss import superpixels as spx
@@ -25,12 +27,26 @@ def test_layout_and_a_sliver_takes_the_cell_at_its_centroid():
     block = np.zeros((h, w), np.int32)
     block[:GRID, :GRID] = 1  # holds exactly the first cell's centre
     a, b = deep_superpixel_features(img, sliver), deep_superpixel_features(img, block)
-    assert a.shape == (2, deep_feature_dim()) == (2, 40 + 112 + 320) and np.isfinite(a).all()
+    assert a.shape == (2, deep_feature_dim()) == (2, 40 + 112) and np.isfinite(a).all()
     assert np.allclose(a[1], b[1], atol=1e-6)
+
+
+def test_the_default_strides_are_the_first_columns_of_all_three():
+    # the encoder stops after the last stride asked for; the maps it does compute are unchanged
+    img = _photo("1_11_s")
+    lab = spx.superpixels(img, method="slico", region_size=16, ruler=10.0)
+    every = deep_superpixel_features(img, lab, strides=(8, 16, 32))
+    assert every.shape[1] == deep_feature_dim(strides=(8, 16, 32)) == 40 + 112 + 320
+    assert np.allclose(deep_superpixel_features(img, lab), every[:, :40 + 112], atol=1e-5)
+    assert np.allclose(deep_superpixel_features(img, lab, strides=(32,)), every[:, 40 + 112:], atol=1e-5)
 
 
 def test_the_feature_key_follows_the_choice():
     assert feature_key(FeatureConfig()) != feature_key(FeatureConfig(deep_features="none"))
+    assert feature_key(FeatureConfig()) != feature_key(FeatureConfig(deep_strides=(8, 16, 32)))
+    assert FeatureConfig(deep_strides=[16, 8]) == FeatureConfig()  # an order is not another choice
+    with pytest.raises(ValidationError, match="strides must be distinct values of 8, 16 and 32, got \\[4\\]"):
+        FeatureConfig(deep_strides=[4])
 
 
 def _labelled_superpixels(iid):

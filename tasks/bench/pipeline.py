@@ -397,7 +397,8 @@ def plain_loop(store, records: Sequence, config, seed: int | None = None) -> dic
                         feats = superpixel_features(image, labels, edge_map=edges)
                     if fc.deep_features != "none":
                         with clock("features.deep_features"):
-                            feats = np.hstack([feats, deep_superpixel_features(image, labels, fc.deep_features)])
+                            deep = deep_superpixel_features(image, labels, fc.deep_features, fc.deep_strides)
+                            feats = np.hstack([feats, deep])
                     with clock("features.proposals"):
                         membership = hierarchical_proposals(image, labels, edge_map=edges,
                                                             min_size=fc.proposal_min_size,

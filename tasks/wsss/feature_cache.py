@@ -49,7 +49,7 @@ def compute_features(store: Store, rec: ImageRecord, cfg: FeatureConfig, key: st
                              ruler=cfg.ruler)
     feats = superpixel_features(image, labels, edge_map=edges)
     if cfg.deep_features != "none":
-        feats = np.hstack([feats, deep_superpixel_features(image, labels, cfg.deep_features)])
+        feats = np.hstack([feats, deep_superpixel_features(image, labels, cfg.deep_features, cfg.deep_strides)])
     membership = hierarchical_proposals(image, labels, edge_map=edges, min_size=cfg.proposal_min_size,
                                         diversify=cfg.proposal_diversify)
     store.put_cached(FEATURE_STAGE, key, rec.sha256, {
