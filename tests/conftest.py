@@ -23,6 +23,17 @@ os.environ.update({
 os.environ.pop("MLFLOW_TRACKING_URI", None)
 
 SAMPLE = Path(__file__).resolve().parents[1] / "flows" / "sample" / "msrc21"
+TOOLS = Path(__file__).resolve().parents[1] / "tools"
+
+
+def load_tool(name: str):
+    """The module of ``tools/NAME.py`` (the tools are scripts, not a package)."""
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location(name, TOOLS / f"{name}.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
 
 
 @pytest.fixture(scope="session")

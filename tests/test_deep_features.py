@@ -1,8 +1,6 @@
 """Superpixel features pooled from the ImageNet-pretrained encoder (tasks.wsss.deep_features): their
 layout, the sliver rule, their place in the feature cache's key, and that on real photos they
 tell the sample's classes apart better than the hand-made colour and texture features."""
-import importlib.util
-
 import cv2
 import numpy as np
 import pytest
@@ -15,9 +13,7 @@ from tasks.wsss import superpixels as spx
 from tasks.wsss.deep_features import GRID, deep_feature_dim, deep_superpixel_features
 from tasks.wsss.feature_cache import feature_key
 from tasks.wsss.features import FEATURE_NAMES, superpixel_features
-from tests.conftest import SAMPLE
-
-ROOT = SAMPLE.parents[2]
+from tests.conftest import SAMPLE, load_tool
 
 
 def _photo(iid):
@@ -95,9 +91,7 @@ def test_on_real_photos_they_separate_the_classes_better_than_colour_and_texture
 def test_mil_features_finds_each_group_s_columns_and_scores_superpixels_by_area():
     """tools/mil_features.py: the groups follow the cache's layout (94 hand-made columns, then each
     pooled stride's channels in order); superpixel labels are scored as the pixels they cover."""
-    spec = importlib.util.spec_from_file_location("mil_features", ROOT / "tools" / "mil_features.py")
-    tool = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(tool)
+    tool = load_tool("mil_features")
     groups = tool.column_groups({8: 40, 16: 112, 32: 320}, (8, 16, 32))
     assert list(groups) == ["hand", "s8", "s16", "s32"]
     assert (groups["hand"][0], groups["hand"][-1]) == (0, 93)

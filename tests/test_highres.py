@@ -13,6 +13,7 @@ from PIL import Image
 from tasks.highres import segment as sg
 from tasks.highres import train as hr
 from tasks.store import files
+from tests.conftest import load_tool
 
 torch.set_num_threads(1)
 
@@ -309,13 +310,7 @@ def test_load_split_with_an_eval_split(tmp_path):
 
 
 def _tool():
-    import importlib.util
-    from pathlib import Path
-    path = Path(__file__).resolve().parents[1] / "tools" / "msrc_highres.py"
-    spec = importlib.util.spec_from_file_location("msrc_highres", path)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    return load_tool("msrc_highres")
 
 
 def _msrc_source(tmp_path, n_train=3, n_val=2):

@@ -1,6 +1,5 @@
 """Label quality where the tags fail: the no-contrast warning (ingest, train, summary, Prefect
 artifact), the class-agnostic foreground evidence, box GrabCut, and the mask-free stopping rule."""
-import importlib.util
 import json
 from pathlib import Path
 
@@ -13,6 +12,7 @@ from tasks.corpus.tags import contrast_warnings, tag_statistics
 from tasks.wsss.foreground import (box_grabcut, boundary_saliency, evidence_grabcut, foreground_active,
                                    foreground_label, foreground_probs)
 from tasks.wsss.stopping import decide
+from tests.conftest import load_tool
 
 ROOT = Path(__file__).resolve().parents[1]
 SAMPLE = ROOT / "flows" / "sample" / "msrc21"
@@ -20,10 +20,7 @@ ANIMALS = "bird,sheep,dog,cat,cow"
 
 
 def _tool():
-    spec = importlib.util.spec_from_file_location("make_one_class", ROOT / "tools" / "make_one_class.py")
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return mod
+    return load_tool("make_one_class")
 
 
 def one_class_corpus(dst: Path, n: int) -> Path:
@@ -303,9 +300,7 @@ def test_the_probes_colocalisation_finds_what_every_image_shares():
     """tools/foreground_probe.py's co-localisation (DDT): features of the shared object along one
     direction, background features along another with a larger spread; the first principal
     component, signed by the image borders, puts every object superpixel above every background one."""
-    spec = importlib.util.spec_from_file_location("foreground_probe", ROOT / "tools" / "foreground_probe.py")
-    probe = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(probe)
+    probe = load_tool("foreground_probe")
     rng = np.random.default_rng(0)
     feats, areas, borders = [], [], []
     for _ in range(5):
@@ -325,9 +320,7 @@ def test_label_areas_says_how_much_larger_a_class_is_labelled_than_it_is():
     """tools/label_areas.py's table: a class labelled over twice its true area (its 4 pixels and 4 of
     its neighbour's) has area 2.0 and IoU 0.5; the neighbour, labelled on 8 of its 12, 0.667 / 0.667;
     ignored pixels of the mask count nowhere, and a class with no true pixel is NaN."""
-    spec = importlib.util.spec_from_file_location("label_areas", ROOT / "tools" / "label_areas.py")
-    tool = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(tool)
+    tool = load_tool("label_areas")
     from tasks.common.metrics import confusion_matrix
 
     mask = np.zeros((4, 5), np.uint8)
@@ -345,9 +338,7 @@ def test_label_areas_says_how_much_larger_a_class_is_labelled_than_it_is():
 def test_seed_errors_keeps_the_seed_map_step_7_receives_and_puts_the_solver_back():
     """tools/seed_errors.py's spy: inside it, a seeded segmentation (as pseudo_label calls it, through
     the module) runs unchanged and its seed map is kept; after it, the module's own function is back."""
-    spec = importlib.util.spec_from_file_location("seed_errors", ROOT / "tools" / "seed_errors.py")
-    tool = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(tool)
+    tool = load_tool("seed_errors")
     from tasks.wsss import fusion
 
     solve = fusion.seeded_segmentation

@@ -1,19 +1,17 @@
 """The layout a newcomer reads: tasks/ grouped into packages by what they are for, imports going
 one way (flows -> tasks -> models) with no circle between files or between tasks/'s packages
 (tools/import_graph.py, which CI runs here)."""
-import importlib.util
 import subprocess
 import sys
 from pathlib import Path
+
+from tests.conftest import load_tool
 
 ROOT = Path(__file__).resolve().parents[1]
 
 
 def _tool():
-    spec = importlib.util.spec_from_file_location("import_graph", ROOT / "tools" / "import_graph.py")
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return mod
+    return load_tool("import_graph")
 
 
 def test_the_circle_finder_finds_known_circles():

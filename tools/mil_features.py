@@ -23,7 +23,7 @@ from tasks.common.metrics import iou_from_confusion  # noqa: E402
 from tasks.config import FeatureConfig, WSSSConfig  # noqa: E402
 from tasks.store import Store  # noqa: E402
 from tasks.wsss import superpixels as spx  # noqa: E402
-from tasks.wsss.deep_features import LEVEL_OF_STRIDE, _encoder  # noqa: E402
+from tasks.wsss.deep_features import deep_feature_dim  # noqa: E402
 from tasks.wsss.feature_cache import load_superpixel_features  # noqa: E402
 from tasks.wsss.features import FEATURE_NAMES  # noqa: E402
 from tasks.wsss.mil import hard_targets, refine  # noqa: E402
@@ -71,7 +71,7 @@ def main(argv: list[str] | None = None) -> int:
     strides = tuple(recorded.get("features", {}).get("deep_strides", OLDER_STRIDES))
     if fc.deep_features == "none":
         strides = ()
-    channels = {s: _encoder(fc.deep_features).out_channels[LEVEL_OF_STRIDE[s]] for s in strides}
+    channels = {s: deep_feature_dim(fc.deep_features, (s,)) for s in strides}
     groups = column_groups(channels, strides)
     sets = args.sets or [*groups, "+".join(groups)]
     unknown = sorted({g for s in sets for g in s.split("+")} - set(groups))

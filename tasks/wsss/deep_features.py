@@ -23,12 +23,13 @@ import torch
 import torch.nn.functional as F
 
 from models.efficientnet_lite import efficientnet_lite, preprocess
+from tasks.config import FeatureConfig
 from tasks.store.checkpoints import imagenet_weights
 
 #: the index in ``forward_features`` of each stride that can be pooled
 LEVEL_OF_STRIDE = {8: 2, 16: 3, 32: 4}
-#: the strides pooled by default (:attr:`tasks.config.FeatureConfig.deep_strides`)
-STRIDES = (8, 16)
+#: the strides pooled by default (:attr:`tasks.config.FeatureConfig.deep_strides`, whose default this is)
+STRIDES: tuple[int, ...] = FeatureConfig.model_fields["deep_strides"].default
 #: the pooling grid's step in pixels (a 16-pixel superpixel covers about 16 cells)
 GRID = 4
 
