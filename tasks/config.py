@@ -276,9 +276,15 @@ class WSSSConfig(BaseModel):
         "rounds >= 1: divide each tagged class's probability by its maximum over the image before "
         "the preliminary result is used [ours] (a tag says the class is there)"))
     prior_weight: float = Field(0.5, ge=0, le=1, description=(
-        "rounds >= 1: weight of round 0's CAM in the preliminary result, a geometric mixture with the "
-        "model r-1 output [ours]; 0 = the model alone, as METHOD.md step 1; 0.5 keeps objects an underfit "
+        "rounds >= 1: weight of round 0 (prior_source) in the preliminary result, a geometric mixture with "
+        "the model r-1 output [ours]; 0 = the model alone, as METHOD.md step 1; 0.5 keeps objects an underfit "
         "segmenter forgets, see docs/benchmarks.md#msrc21-bench-quality"))
+    prior_source: Literal["labels", "cam"] = Field("labels", description=(
+        "rounds >= 1: what the prior_weight mixture keeps of round 0: 'labels', its pseudo-labels (each "
+        "pixel's label holds half of the prior, the image's tagged classes share the other half); 'cam', its "
+        "preliminary result (the CAMs, or the foreground evidence), the default until 2026-12-05; labels, as "
+        "they kept the rare classes a segmenter forgets (coco128 final +0.036, the demo +0.036, msrc21 "
+        "-0.007), see docs/benchmarks.md#the-rounds-keep-round-0s-labels"))
     max_rounds: int = Field(3, ge=1, description="round budget: the most refresh rounds a run computes")
     epsilon: float = Field(0.02, description="converged when the share of pseudo-label pixels changed since the "
                                              "round before (0-1) falls below this")

@@ -234,3 +234,30 @@ def test_a_refused_ingest_again_keeps_the_stored_images(tmp_path, prefect_harnes
     assert np.array_equal(store.image("12_27_s"), new) and not np.array_equal(new, old["12_27_s"][0])
     assert np.array_equal(store.mask("12_27_s"), old["12_27_s"][1])
     assert not (run / "corpus" / Store.STAGING).exists()
+
+
+def test_refresh_of_a_later_round_first_gives_the_image_its_round_0_label(tmp_path, prefect_harness, one_torch_thread):
+    """Rounds >= 1 mix round 0's pseudo-label into their preliminary result (prior_source
+    'labels', the default): refreshing an image with round 1's models computes its round-0 label
+    first, and both equal what the rounds gave it."""
+    from flows.wsss import refresh
+    from tasks.config import WSSSConfig
+    from tasks.store import Store
+
+    src = copy_sample(tmp_path / "src", FIRST)
+    run = tmp_path / "run"
+    from flows.wsss import ingest
+
+    ingest(str(src), str(run))
+    config = WSSSConfig.model_validate({**TINY, "max_rounds": 2, "stopping": "budget"})
+    assert config.prior_source == "labels" and config.prior_weight > 0
+    _train(run, config)
+    store = Store(run)
+    assert store.finished_rounds() == [0, 1]
+    before = {r: store.pseudo(r, "12_25_s") for r in (0, 1)}
+    store.drop_labels(["12_25_s"])
+    assert not store.has_pseudo(0, "12_25_s") and not store.has_pseudo(1, "12_25_s")
+    out = refresh(str(run))
+    assert out["round"] == 1 and out["labelled"] == 1
+    for r in (0, 1):
+        assert np.array_equal(store.pseudo(r, "12_25_s"), before[r]), r

@@ -165,6 +165,24 @@ def cam_probs(model: torch.nn.Module, state: dict, image: np.ndarray, allowed: n
         cam_to_prob(cams, allowed, classes.background, cfg.background_threshold)
 
 
+def label_prior(label: np.ndarray, allowed: np.ndarray, n_classes: int, hold: float = 0.5) -> np.ndarray:
+    """(K, H, W) prior from a label map: each pixel's label holds ``hold`` of it and the
+    ``allowed`` classes share the rest evenly; a pixel without a label (ignore, or a class not
+    allowed) is even over the allowed classes.
+
+    >>> p = label_prior(np.array([[0, 2]]), np.array([True, False, True]), 3)
+    >>> p[:, 0, 0].tolist(), p[:, 0, 1].tolist()
+    ([0.75, 0.0, 0.25], [0.25, 0.0, 0.75])
+    """
+    idx = np.flatnonzero(allowed)
+    out = np.zeros((n_classes,) + label.shape, np.float32)
+    out[idx] = (1.0 - hold) / len(idx)
+    for c in idx:
+        out[c][label == c] += hold
+    out[:, ~np.isin(label, idx)] = np.where(allowed, 1.0 / len(idx), 0.0).astype(np.float32)[:, None]
+    return out
+
+
 def model_prelim_probs(model: torch.nn.Module, image: np.ndarray, edges: np.ndarray | None, allowed: np.ndarray,
                        config: WSSSConfig, prior: np.ndarray | None = None) -> np.ndarray:
     """Step 1, rounds >= 1: the previous round's model's probabilities over the allowed classes,
@@ -172,10 +190,20 @@ def model_prelim_probs(model: torch.nn.Module, image: np.ndarray, edges: np.ndar
     prob = restrict(tr.predict_probs(model, image, edges), allowed)
     if config.prelim_normalize:
         prob = max_normalize(prob, allowed)
-    w = config.prior_weight
-    if w > 0:
-        prob = restrict((prob + 1e-4) ** (1 - w) * (prior + 1e-4) ** w, allowed)
-    return prob
+    return mix_prior(prob, prior, allowed, config.prior_weight) if config.prior_weight > 0 else prob
+
+
+def mix_prior(prob: np.ndarray, prior: np.ndarray, allowed: np.ndarray, weight: float) -> np.ndarray:
+    """The geometric mixture ``prob ** (1 - weight) * prior ** weight`` over the ``allowed``
+    classes: with :func:`label_prior` at weight 0.5, a model that is unsure keeps round 0's label
+    and one that is sure overrides it.
+
+    >>> allowed = np.array([True, True])
+    >>> prior = label_prior(np.zeros((1, 2), np.uint8), allowed, 2)  # round 0 said class 0
+    >>> mix_prior(np.array([[[0.4, 0.1]], [[0.6, 0.9]]]), prior, allowed, 0.5).argmax(0).tolist()
+    [[0, 1]]
+    """
+    return restrict((prob + 1e-4) ** (1 - weight) * (prior + 1e-4) ** weight, allowed)
 
 
 # ---------------------------------------------------------------------------- one image of a round
@@ -214,6 +242,18 @@ def foreground_on(store: Store, config: WSSSConfig) -> tuple[bool, dict]:
     return fg.foreground_active(stats, config.foreground.mode), stats
 
 
+def round0_prior(store: Store, rec: ImageRecord, classes: ClassSpec, config: WSSSConfig) -> np.ndarray:
+    """(K, H, W) what rounds >= 1 keep of round 0 for one image (``config.prior_source``): round 0's
+    preliminary result, or its pseudo-label as :func:`label_prior`."""
+    if config.prior_source == "labels":
+        label = store.pseudo(0, rec.image_id)
+        if label is None:
+            raise FileNotFoundError(f"{store.round_dir(0)}: no round 0 pseudo-label of {rec.image_id} "
+                                    "(prior_source 'labels' needs it)")
+        return label_prior(label, classes.tag_vector(rec.tags), classes.n)
+    return store.prelim(0, rec.image_id, classes.n)
+
+
 def preliminary_image(store: Store, rec: ImageRecord, r: int, model: torch.nn.Module, state: dict, classes: ClassSpec,
                       key: str, config: WSSSConfig, foreground: bool = False, corrected: Collection[str] = ()) -> None:
     """Step 1 for one image: its preliminary result of round ``r`` (``model``, ``state``: those
@@ -233,7 +273,7 @@ def preliminary_image(store: Store, rec: ImageRecord, r: int, model: torch.nn.Mo
             prob = fg.foreground_probs(saliency, prob, allowed, classes.background)
     else:
         edges = load_edges(store, rec, key) if state["in_channels"] == 4 else None
-        prior = store.prelim(0, rec.image_id, classes.n) if config.prior_weight > 0 else None
+        prior = round0_prior(store, rec, classes, config) if config.prior_weight > 0 else None
         prob = model_prelim_probs(model, image, edges, allowed, config, prior)
     if rec.image_id in corrected:
         prob = corrected_prelim(store.correction(rec.image_id), prob, allowed)

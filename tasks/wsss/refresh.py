@@ -3,8 +3,9 @@ or retagged since it was computed) with that round's models, without training an
 
 A refreshed image gets what the round itself would have given it: its features (superpixels,
 edge map, proposals), the preliminary result of the round's network (the image classifier's
-CAMs for round 0, round r-1's segmenter after that, restricted to the image's tags as in the
-rounds), then the round's MIL and proposal classifiers, fusion, clustering and seeded
+CAMs for round 0, round r-1's segmenter after that, restricted to the image's tags and mixed
+with what the rounds keep of round 0 as in the rounds: round 0's preliminary result, and with
+``prior_source`` 'labels' its pseudo-label, computed first where the image has none), then the round's MIL and proposal classifiers, fusion, clustering and seeded
 segmentation. Its arrays go into the round's own ``prelim`` and ``pseudo`` arrays, where
 ``wsseg evaluate`` and ``wsseg status`` find them; the round's models, metrics and the arrays
 of every other image are left as they are.
@@ -70,18 +71,25 @@ def refresh_shard(run_dir: str, ids: list[str], round_index: int, key: str, conf
             compute_features(store, rec, config.features, key)
         seconds["features"] = time.perf_counter() - t
         t = time.perf_counter()
-        # 1. preliminary result by the round's network; a later round that mixes in round 0's CAMs
-        # (prior_weight) needs those first
+        # 1. preliminary result by the round's network; a later round that mixes in round 0
+        # (prior_weight) needs round 0's preliminary result first, and with prior_source 'labels'
+        # round 0's pseudo-label too
         needs_cam = r > 0 and config.prior_weight > 0
+        needs_labels = needs_cam and config.prior_source == "labels"
         cam_net = prelim_model(store, 0) if needs_cam else None
         net, state = prelim_model(store, r)
         # round 0 of a corpus whose tags carry no contrast: the class-agnostic foreground evidence
         fg_on = foreground_on(store, config)[0] if foreground is None else foreground
         foreground = (r == 0 or needs_cam) and fg_on
         corrected = store.corrections().keys()
+        round0 = (store.read_classifier("proposal_classifier", 0)["model"], round_mil_model(store, 0)) \
+            if needs_labels else None
         for rec in recs:
             if cam_net is not None and not store.has_pseudo(0, rec.image_id, name="cam"):
                 preliminary_image(store, rec, 0, *cam_net, classes, key, config, foreground, corrected)
+            if round0 is not None and not store.has_pseudo(0, rec.image_id):
+                pseudo_image(store, rec, 0, *round0, classes, key, config.proposals, config.seed,
+                             config.mil.prior_weight, config.foreground if fg_on else None, corrected)
             preliminary_image(store, rec, r, net, state, classes, key, config, foreground and r == 0, corrected)
         seconds["prelim"] = time.perf_counter() - t
         t = time.perf_counter()
