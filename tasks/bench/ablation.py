@@ -104,7 +104,7 @@ def ablation_variants(config: WSSSConfig) -> dict[str, dict]:
         out["no_seed_prior"] = {"what": "seeded segmentation without the evidence prior (colour and seeds alone)",
                                 "overrides": {"proposals.seed_prior_weight": 0.0}}
     if config.prior_weight > 0 and config.max_rounds > 1:
-        out["no_round_prior"] = {"what": "rounds >= 1 use model r-1 alone as the preliminary result (no CAM prior)",
+        out["no_round_prior"] = {"what": "rounds >= 1 use model r-1 alone as the preliminary result (no round-0 prior)",
                                  "overrides": {"prior_weight": 0.0}, "from_round": 1}
     if config.prior_weight > 0 and config.max_rounds > 1:
         other = "cam" if config.prior_source == "labels" else "labels"
