@@ -332,38 +332,38 @@ NOT_IN_ROUNDS = ("max_rounds", "inference", "shard_size", "max_shards")
 
 _MISSING = object()
 
-#: Options added after run directories were first recorded whose default does what wsseg did
-#: without them. A recorded configuration (an older wsseg's) that lacks one of these is no change
-#: while today's value is that default, so upgrading wsseg does not reprocess a corpus. An option
-#: whose default changes any result must not be listed: a record without it is recomputed.
-NEUTRAL_ADDITIONS = frozenset({"classifier.cam_centring", "train_images"})
+#: Options added after run directories were first recorded, each with the value that does what
+#: wsseg did before it existed. A recorded configuration (an older wsseg's) that lacks one of these
+#: holds that value: no change while today's value is it, so upgrading wsseg does not reprocess a
+#: corpus whose results would not change (``cam_centring``, ``train_images``: their defaults), and a
+#: run computed before ``prior_source`` is resumed with 'cam', the prior it was computed with, and
+#: recomputed with 'labels', today's default. Any other option a record lacks is a change.
+ADDED_OPTIONS: dict[str, Any] = {"classifier.cam_centring": 1.0, "train_images": None, "prior_source": "cam"}
 
 
-def _differs(previous: Any, current: Any, default: Any, path: str) -> bool:
-    """Whether a recorded configuration value (at dotted ``path``) differs from today's; a
-    :data:`NEUTRAL_ADDITIONS` field the record lacks is no change while today's value is its default."""
+def _differs(previous: Any, current: Any, path: str) -> bool:
+    """Whether a recorded configuration value (at dotted ``path``) differs from today's; an
+    :data:`ADDED_OPTIONS` field the record lacks holds its value from before the option existed."""
     if previous is _MISSING:
-        return not (path in NEUTRAL_ADDITIONS and current == default)
+        return path not in ADDED_OPTIONS or current != ADDED_OPTIONS[path]
     if isinstance(previous, dict) and isinstance(current, dict):
-        default = default if isinstance(default, dict) else {}
-        return any(_differs(previous.get(k, _MISSING), current.get(k, _MISSING), default.get(k, _MISSING),
-                            f"{path}.{k}" if path else k) for k in set(previous) | set(current))
+        return any(_differs(previous.get(k, _MISSING), current.get(k, _MISSING), f"{path}.{k}" if path else k)
+                   for k in set(previous) | set(current))
     return previous != current
 
 
 def changed_fields(previous: dict, current: dict) -> list[str]:
     """The top-level fields (as JSON) in which ``current`` differs from ``previous``, leaving out
-    :data:`NOT_IN_ROUNDS`; a :data:`NEUTRAL_ADDITIONS` option an older wsseg did not record counts as
-    its default."""
-    defaults = WSSSConfig().model_dump(mode="json")
+    :data:`NOT_IN_ROUNDS`; an :data:`ADDED_OPTIONS` option an older wsseg did not record holds
+    its value from before it existed."""
     return sorted(k for k in set(previous) | set(current) if k not in NOT_IN_ROUNDS
-                  and _differs(previous.get(k, _MISSING), current.get(k, _MISSING), defaults.get(k, _MISSING), k))
+                  and _differs(previous.get(k, _MISSING), current.get(k, _MISSING), k))
 
 
 def settings_changed(previous: dict, current: BaseModel, path: str) -> bool:
     """Whether settings recorded as JSON (a checkpoint's) differ from ``current``'s, the sub-configuration
-    at ``path`` of :class:`WSSSConfig` (``"classifier"``; see :data:`NEUTRAL_ADDITIONS`)."""
-    return _differs(previous, current.model_dump(mode="json"), type(current)().model_dump(mode="json"), path)
+    at ``path`` of :class:`WSSSConfig` (``"classifier"``; see :data:`ADDED_OPTIONS`)."""
+    return _differs(previous, current.model_dump(mode="json"), path)
 
 
 def config_difference(previous: dict | None, current: WSSSConfig) -> list[str]:

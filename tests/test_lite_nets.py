@@ -174,7 +174,7 @@ def test_the_pretrained_option_is_the_users_and_weights_are_not():
 
 def test_an_option_an_older_wsseg_did_not_record_is_no_change_while_it_keeps_its_default():
     """A run directory computed before wsseg had ``classifier.cam_centring`` (its recorded configuration
-    lacks the key; the option is in NEUTRAL_ADDITIONS): today's default is no reason to recompute its
+    lacks the key; the option is in ADDED_OPTIONS at 1.0): today's default is no reason to recompute its
     rounds or retrain its classifier, and the start-up message names no field; the option set to another
     value is a change, and so is a missing option that is not neutral."""
     from tasks.config import settings_changed
@@ -210,3 +210,10 @@ def test_an_option_an_older_wsseg_did_not_record_is_no_change_while_it_keeps_its
     del old_rounds["config"]["classifier"]["encoder"]
     assert resume.what_changed(old_rounds, resume.round_inputs(classes, recs, cfg)) == [
         "the configuration (differs in: classifier)"]
+    # an option whose default changed results when it came (prior_source: 'cam' before, 'labels' its
+    # default) reads as its old value: a record without it is recomputed at today's default and
+    # resumed with the old value asked for
+    no_prior = cfg.model_dump(mode="json")
+    del no_prior["prior_source"]
+    assert cfg.prior_source == "labels" and config_difference(no_prior, cfg) == ["prior_source"]
+    assert config_difference(no_prior, cfg.model_copy(update={"prior_source": "cam"})) == []
