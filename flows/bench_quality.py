@@ -118,7 +118,7 @@ def bench_quality(data: str, run_dir: str, config: WSSSConfig, out: str, eval_sp
             first = {"seed": config.seed, "wsss": res["wsss_model_miou"], "supervised": res["supervised_model_miou"],
                      "wsss_ungated": wsss[1].get("miou"), "supervised_ungated": supervised[1].get("miou")}
             res["model_seeds"] = seed_spread(store, records, eval_records, key, eval_key, recipe, final_r,
-                                             model_seeds, eval_split, gate, first)
+                                             model_r, model_seeds, eval_split, gate, first)
     # 5. ablations, label-only, each compared with the main run's same round
     if ablate is not None:
         with quality.timed(stages, "ablations"):
@@ -146,19 +146,22 @@ def score_model(store: Store, records: list[ImageRecord], split: str, key: str, 
 
 
 def seed_spread(store: Store, records: list[ImageRecord], eval_records: list[ImageRecord], key: str,
-                eval_key: str, recipe: WSSSConfig, final_r: int, n: int, eval_split: str, gate: dict,
-                first: dict) -> dict:
+                eval_key: str, recipe: WSSSConfig, final_r: int, model_r: int, n: int, eval_split: str,
+                gate: dict, first: dict) -> dict:
     """The WSSS model (final round's labels) and the supervised reference (masks) trained again
     with ``recipe`` under seeds ``recipe.seed + 1 .. + n - 1`` (the ``extra`` checkpoints
     ``seedNNN-wsss`` and ``seedNNN-supervised``), evaluated like the first pair (``first``:
-    seed 0's figures, already measured); :func:`tasks.bench.quality.seed_summary` of all of them."""
+    seed 0's figures, already measured); :func:`tasks.bench.quality.seed_summary` of all of them.
+    Each pair is trained as round ``model_r``'s, as the first pair was: a segmenter's torch seed is
+    ``seed + r``, so seed 1 at round ``final_r`` = ``model_r`` - 1 was seed 0's pair again (until
+    2026-12-05, where the final round was not the last)."""
     rows = [first]
     for k in range(1, n):
         cfg = recipe.model_copy(update={"seed": recipe.seed + k})
         row: dict[str, Any] = {"seed": cfg.seed}
         for what, label_round in (("wsss", final_r), ("supervised", None)):
             name = f"seed{cfg.seed:03d}-{what}"
-            train_segmenter(store, records, key, cfg, r=final_r, label_round=label_round, kind="extra", name=name)
+            train_segmenter(store, records, key, cfg, r=model_r, label_round=label_round, kind="extra", name=name)
             gated, ungated = score_model(store, eval_records, eval_split, eval_key, gate, recipe.shard_size,
                                          f"evaluate seed {cfg.seed} {what}", "extra", name=name)
             row[what], row[f"{what}_ungated"] = gated.get("miou"), ungated.get("miou")

@@ -111,9 +111,12 @@ def test_bench_quality_end_to_end(tmp_path, prefect_harness, capsys):
     again = {w: Store(run).read_model("extra", name=f"seed001-{w}") for w in ("wsss", "supervised")}
     for w, (net, ck) in again.items():
         assert ck["meta"]["start"] == fin["start"] and ck["meta"]["epochs_run"] == fin["epochs_run"]
-    first = load_model(res["final_model"])[0]
-    assert any(not torch.equal(a, b) for a, b in zip(first.state_dict().values(),
-                                                     again["wsss"][0].state_dict().values()))
+    # another seed is another model, for both of the pair, trained as the same round
+    for w, path in (("wsss", res["final_model"]), ("supervised", res["supervised_model"])):
+        first = load_model(path)[0]
+        assert again[w][1]["meta"]["round"] == fin["round"]
+        assert any(not torch.equal(a, b) for a, b in zip(first.state_dict().values(),
+                                                         again[w][0].state_dict().values())), w
     ratios = [r["ratio"] for r in ms["seeds"] if r["ratio"] is not None]
     if ratios:
         assert ms["ratio"]["mean"] == pytest.approx(sum(ratios) / len(ratios))
