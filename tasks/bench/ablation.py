@@ -106,11 +106,10 @@ def ablation_variants(config: WSSSConfig) -> dict[str, dict]:
     if config.prior_weight > 0 and config.max_rounds > 1:
         out["no_round_prior"] = {"what": "rounds >= 1 use model r-1 alone as the preliminary result (no round-0 prior)",
                                  "overrides": {"prior_weight": 0.0}, "from_round": 1}
-    if config.prior_weight > 0 and config.max_rounds > 1:
+        kept = {"cam": "preliminary result (CAMs)", "labels": "pseudo-labels"}
         other = "cam" if config.prior_source == "labels" else "labels"
         out[f"round_prior_{other}"] = {
-            "what": f"rounds >= 1 keep round 0's {'preliminary result (CAMs)' if other == 'cam' else 'pseudo-labels'} "
-                    f"instead of its {'pseudo-labels' if other == 'cam' else 'preliminary result'}",
+            "what": f"rounds >= 1 keep round 0's {kept[other]} instead of its {kept[config.prior_source]}",
             "overrides": {"prior_source": other}, "from_round": 1}
     if config.prelim_normalize and config.max_rounds > 1:
         out["no_prelim_normalize"] = {"what": "rounds >= 1 take model r-1's probabilities as they are (no per-class "
