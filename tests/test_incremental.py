@@ -240,14 +240,12 @@ def test_refresh_of_a_later_round_first_gives_the_image_its_round_0_label(tmp_pa
     """Rounds >= 1 mix round 0's pseudo-label into their preliminary result (prior_source
     'labels', the default): refreshing an image with round 1's models computes its round-0 label
     first, and both equal what the rounds gave it."""
-    from flows.wsss import refresh
+    from flows.wsss import ingest, refresh
     from tasks.config import WSSSConfig
     from tasks.store import Store
 
     src = copy_sample(tmp_path / "src", FIRST)
     run = tmp_path / "run"
-    from flows.wsss import ingest
-
     ingest(str(src), str(run))
     config = WSSSConfig.model_validate({**TINY, "max_rounds": 2, "stopping": "budget"})
     assert config.prior_source == "labels" and config.prior_weight > 0

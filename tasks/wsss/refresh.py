@@ -4,9 +4,9 @@ or retagged since it was computed) with that round's models, without training an
 A refreshed image gets what the round itself would have given it: its features (superpixels,
 edge map, proposals), the preliminary result of the round's network (the image classifier's
 CAMs for round 0, round r-1's segmenter after that, restricted to the image's tags and mixed
-with what the rounds keep of round 0 as in the rounds: round 0's preliminary result, and with
-``prior_source`` 'labels' its pseudo-label, computed first where the image has none), then the round's MIL and proposal classifiers, fusion, clustering and seeded
-segmentation. Its arrays go into the round's own ``prelim`` and ``pseudo`` arrays, where
+with what the rounds keep of round 0: its preliminary result, and with ``prior_source`` 'labels'
+its pseudo-label, computed first where the image has none), then the round's MIL and proposal
+classifiers, fusion, clustering and seeded segmentation. Its arrays go into the round's own ``prelim`` and ``pseudo`` arrays, where
 ``wsseg evaluate`` and ``wsseg status`` find them; the round's models, metrics and the arrays
 of every other image are left as they are.
 """
