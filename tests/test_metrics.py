@@ -233,3 +233,22 @@ def test_tag_coverage_falls_when_a_large_class_eats_a_small_one():
     assert coverage(2) < coverage(5)
     # its blind side: a bird grown past its true size scores higher too (the rule cannot know the size)
     assert coverage(10) > coverage(5)
+
+
+def test_miou_is_over_the_classes_of_the_truth_so_a_stray_absent_class_costs_only_its_pixels():
+    # truth has classes 0 and 1; prediction a puts one pixel of class 2 (absent from the truth)
+    gt = np.array([0, 0, 0, 0, 1, 1, 1, 1])
+    a = np.array([0, 0, 0, 2, 1, 1, 1, 1])
+    b = np.array([0, 0, 0, 1, 1, 1, 1, 1])  # the same pixel wrong, as a class of the truth
+    per_a, miou_a = iou_from_confusion(confusion_matrix(a, gt, 3))
+    per_b, miou_b = iou_from_confusion(confusion_matrix(b, gt, 3))
+    assert per_a.tolist() == [0.75, 1.0, 0.0] and miou_a == pytest.approx((0.75 + 1.0) / 2)
+    assert np.isnan(per_b[2]) and miou_b == pytest.approx((0.75 + 0.8) / 2)
+    # both are averaged over the truth's classes 0 and 1, whatever each predicts (a's stray pixel
+    # counts as an error of class 0); before, a was averaged over three classes and b over two
+    from tasks.common.metrics import chance_iou_from_confusion
+    per_chance, chance = chance_iou_from_confusion(confusion_matrix(a, gt, 3))
+    assert per_chance[2] == 0.0 and chance == pytest.approx(np.mean(per_chance[:2]))
+    acc = ConfusionAccumulator(3)
+    acc.update(a, gt)
+    assert acc.miou == pytest.approx(miou_a)

@@ -103,20 +103,32 @@ def iou_from_confusion(conf):
     per_class : (K,) float64
         ``IoU_c = TP_c / (GT_c + PRED_c - TP_c)``, where ``GT_c`` is the row
         sum (undecided predictions included: they are errors) and ``PRED_c``
-        the column sum. NaN for classes absent from both truth and prediction.
+        the column sum. NaN for classes absent from both truth and prediction;
+        0 for a class predicted but absent from the truth.
     miou : float
-        Mean over the non-NaN entries (NaN if all are NaN).
+        Mean over the classes present in the truth (NaN if none is). A class that is
+        predicted but absent from the truth scores IoU 0 whatever else happens, so counting
+        it would make one stray pixel cost a whole class's share of the mean, and two
+        predictions would be averaged over different sets of classes; its wrong pixels still
+        count, as errors of the true classes under them.
+
+    Examples
+    --------
+    >>> per_class, miou = iou_from_confusion(np.array([[3, 1, 0], [0, 0, 0], [0, 0, 2]]))
+    >>> per_class.tolist(), miou
+    ([0.75, 0.0, 1.0], 0.875)
     """
     tp, gt_total, pred_total = _margins(conf)
-    return _ratio_and_mean(tp, gt_total + pred_total - tp)
+    return _ratio_and_mean(tp, gt_total + pred_total - tp, gt_total > 0)
 
 
-def _ratio_and_mean(num: np.ndarray, den: np.ndarray) -> tuple[np.ndarray, float]:
-    """Per-class ``num / den`` (NaN where ``den`` is 0) and its mean over the non-NaN classes
-    (NaN if none)."""
+def _ratio_and_mean(num: np.ndarray, den: np.ndarray, counted: np.ndarray | None = None) -> tuple[np.ndarray, float]:
+    """Per-class ``num / den`` (NaN where ``den`` is 0) and its mean over the non-NaN classes,
+    or over those of them that ``counted`` marks (NaN if none)."""
     per_class = np.full(den.shape, np.nan)
     np.divide(num, den, out=per_class, where=den > 0)
-    mean = float(np.nanmean(per_class)) if np.any(~np.isnan(per_class)) else float("nan")
+    keep = ~np.isnan(per_class) if counted is None else ~np.isnan(per_class) & counted
+    mean = float(per_class[keep].mean()) if keep.any() else float("nan")
     return per_class, mean
 
 
@@ -186,7 +198,7 @@ def chance_iou_from_confusion(conf):
         expected overlap ``E_c = GT_c * PRED_c / N``: ``E_c / (GT_c + PRED_c - E_c)``. NaN where
         :func:`iou_from_confusion` is NaN.
     miou : float
-        Mean over the non-NaN entries (NaN if all are NaN).
+        Mean over the classes present in the truth, as :func:`iou_from_confusion`'s.
 
     Examples
     --------
@@ -196,7 +208,7 @@ def chance_iou_from_confusion(conf):
     """
     _, gt_total, pred_total = _margins(conf)
     overlap = gt_total * pred_total / max(gt_total.sum(), 1.0)
-    return _ratio_and_mean(overlap, gt_total + pred_total - overlap)
+    return _ratio_and_mean(overlap, gt_total + pred_total - overlap, gt_total > 0)
 
 
 def changed_share(a, b):
@@ -339,7 +351,7 @@ class ConfusionAccumulator:
 
     @property
     def miou(self):
-        """Mean IoU over classes seen in truth or prediction."""
+        """Mean IoU over the classes present in the truth (:func:`iou_from_confusion`)."""
         return iou_from_confusion(self.conf)[1]
 
     @property

@@ -38,6 +38,7 @@ from typing import Callable, Sequence
 
 import numpy as np
 
+from tasks.common.metrics import iou_from_confusion
 from tasks.common.training import BatchSource, reduce_fractions, soft_cross_entropy  # noqa: F401 (re-exported)
 from tasks.runtime.memory import status_kb
 from tasks.store import build_network, files
@@ -540,13 +541,11 @@ def class_scores(conf: np.ndarray, names: Sequence[str]) -> dict:
     nothing about that class), ``pixel_accuracy`` the share of annotated pixels labelled right.
     """
     conf = np.asarray(conf, dtype=np.int64)
-    tp = np.diag(conf)
-    truth, predicted = conf.sum(1), conf.sum(0)
-    union = truth + predicted - tp
-    iou = {names[k]: float(tp[k] / union[k]) for k in range(len(names)) if union[k] > 0}
-    present = [names[k] for k in range(len(names)) if truth[k] > 0]
-    return {"miou": float(np.mean([iou[n] for n in present])) if present else 0.0, "class_iou": iou,
-            "pixel_accuracy": float(tp.sum() / max(conf.sum(), 1)), "classes_evaluated": len(present)}
+    per_class, miou = iou_from_confusion(conf)  # the same mean as method A's figures
+    present = int(np.count_nonzero(conf.sum(1)))
+    return {"miou": miou if present else 0.0,
+            "class_iou": {names[k]: float(v) for k, v in enumerate(per_class) if not np.isnan(v)},
+            "pixel_accuracy": float(np.trace(conf) / max(conf.sum(), 1)), "classes_evaluated": present}
 
 
 def predict(model, image: np.ndarray, *, mode: str, overlap: int = 0, batch: int = 4, device: str = "cpu") -> np.ndarray:
