@@ -303,14 +303,24 @@ def keep_round_inputs(store: Store, r: int, inputs: dict) -> None:
     """Resume round ``r`` only from results computed from ``inputs`` (class list, corpus hash,
     configuration): when the round recorded other ones, or none though finished (an older
     wsseg's), it and every later round are removed and computed again, and the terminal says
-    what changed. An unfinished round without a record (one sharing another run's round-0
-    arrays, as the ablations do) is resumed. The inputs are then recorded."""
+    what changed. A change that the round's pseudo-labels do not depend on (the segmentation
+    model, the stopping rule: :data:`tasks.config.MODEL_ONLY`) removes only its model, summary
+    and the later rounds, and one that acts from round 1 on (:data:`tasks.config.FROM_ROUND_1`)
+    leaves round 0 whole (:func:`tasks.corpus.resume.round_view`). An unfinished round without a
+    record (one sharing another run's round-0 arrays, as the ablations do) is resumed. The inputs
+    are then recorded."""
     recorded = store.round_inputs(r)
     if recorded is None and store.read_round(r) is None:
         changed = []
     else:
-        changed = resume.what_changed(recorded, inputs)
-    if changed:
+        changed = resume.what_changed(resume.round_view(recorded, r), resume.round_view(inputs, r))
+    if changed and recorded is not None and not resume.what_changed(resume.round_view(recorded, r, "labels"),
+                                                                    resume.round_view(inputs, r, "labels")):
+        gone = store.drop_round_model(r)
+        again = f"its model and round(s) {', '.join(map(str, gone))} are" if gone else "its model is"
+        Progress(f"r{r}", 1).message(f"{'; '.join(changed)} changed since round {r} was computed: its pseudo-labels "
+                                     f"do not depend on it and are kept; {again} computed again")
+    elif changed:
         gone = store.drop_rounds(r)
         Progress(f"r{r}", 1).message(f"{'; '.join(changed)} changed since round {r} was computed: round(s) "
                                      f"{', '.join(map(str, gone))} are computed again")

@@ -329,6 +329,14 @@ def shard_size_for(n_images: int, shard_size: int, max_shards: int = 2000) -> in
 # run with other shards, on the same directory, and its finished rounds are reused.
 NOT_IN_ROUNDS = ("max_rounds", "inference", "shard_size", "max_shards")
 
+# What a round's pseudo-labels do not depend on, so that a run resumed with another value keeps
+# them and computes again only what does (tasks.corpus.resume.round_view): the segmentation
+# model and the stopping rule act after a round's labels (on its model, and on which round is
+# final), and the prior of the preliminary result acts from round 1 on (round 0's comes from the
+# image classifier), so it changes neither round 0's labels nor its model.
+MODEL_ONLY = ("segmentation", "epsilon", "stopping")
+FROM_ROUND_1 = ("prelim_normalize", "prior_weight", "prior_source")
+
 
 _MISSING = object()
 

@@ -100,14 +100,25 @@ def test_another_class_list_recomputes_and_equals_a_fresh_run(tmp_path, prefect_
     assert (run / "rounds" / "r000" / "round.json").stat().st_mtime_ns == stamp
     capfd.readouterr()
 
-    # another configuration of the rounds: they are computed again, the classifier is kept
+    # another configuration of the rounds' model: it is trained again; the classifier and round 0's
+    # pseudo-labels (which do not depend on it) are kept, not one shard of them computed again
+    def stamps(stage: str) -> dict[str, int]:
+        return {p.name: p.stat().st_mtime_ns for p in (run / "rounds" / "r000" / "done").glob(f"{stage}-*.json")}
+
+    labels_stamp, prelim_stamp = stamps("pseudo"), stamps("prelim")
+    model_stamp = (run / "rounds" / "r000" / "model.pt").stat().st_mtime_ns
     cfg = _config().model_copy(update={"segmentation": _config().segmentation.model_copy(update={"epochs": 3})})
     _train(run, cfg)
     said = capfd.readouterr().err
-    assert "the configuration (differs in: segmentation) changed since round 0 was computed" in said
+    assert ("the configuration (differs in: segmentation) changed since round 0 was computed: its pseudo-labels "
+            "do not depend on it and are kept; its model is computed again") in said
     assert (run / "classifier.pt").stat().st_mtime_ns == cls_stamp
+    assert stamps("pseudo") == labels_stamp and stamps("prelim") == prelim_stamp and labels_stamp
+    assert (run / "rounds" / "r000" / "model.pt").stat().st_mtime_ns != model_stamp
     assert (run / "rounds" / "r000" / "round.json").stat().st_mtime_ns != stamp
+    assert Store(run).model_meta("segmenter", 0)["epochs_run"] == 3
     assert json.loads((run / "config.json").read_text())["segmentation"]["epochs"] == 3
+
 
 
 def _mtimes(run: Path, ids: list[str]) -> dict[str, int]:
@@ -259,3 +270,27 @@ def test_refresh_of_a_later_round_first_gives_the_image_its_round_0_label(tmp_pa
     assert out["round"] == 1 and out["labelled"] == 1
     for r in (0, 1):
         assert np.array_equal(store.pseudo(r, "12_25_s"), before[r]), r
+
+
+def test_an_option_of_the_later_rounds_keeps_round_0_whole(tmp_path, prefect_harness, one_torch_thread, capfd):
+    """prior_weight acts on the preliminary result of rounds >= 1 only: a run resumed with another
+    value computes round 1 again and keeps round 0 (its labels, its model and its record)."""
+    from flows.wsss import ingest
+    from tasks.config import WSSSConfig
+    from tasks.store import Store
+
+    src = copy_sample(tmp_path / "src", FIRST)
+    run = tmp_path / "run"
+    ingest(str(src), str(run))
+    config = WSSSConfig.model_validate({**TINY, "max_rounds": 2, "stopping": "budget"})
+    _train(run, config)
+    r0 = {name: (run / "rounds" / "r000" / name).stat().st_mtime_ns for name in ("round.json", "model.pt")}
+    r1 = (run / "rounds" / "r001" / "round.json").stat().st_mtime_ns
+    capfd.readouterr()
+    again = _train(run, config.model_copy(update={"prior_weight": 0.3}))
+    said = capfd.readouterr().err
+    assert "the configuration (differs in: prior_weight) changed since round 1 was computed: round(s) 1" in said
+    assert "since round 0" not in said
+    assert {name: (run / "rounds" / "r000" / name).stat().st_mtime_ns for name in r0} == r0
+    assert (run / "rounds" / "r001" / "round.json").stat().st_mtime_ns != r1
+    assert Store(run).finished_rounds() == [0, 1] and [r["round"] for r in again["rounds"] if r["round"] != "cam"] == [0, 1]

@@ -351,3 +351,26 @@ def test_seed_errors_keeps_the_seed_map_step_7_receives_and_puts_the_solver_back
     np.testing.assert_array_equal(kept["seeds"], seeds)
     np.testing.assert_array_equal(labels, solve(image, seeds, method="nearest")[0])
     assert (labels[:, :3] == 1).all() and (labels[:, -3:] == 2).all()
+
+
+def test_box_grabcut_baseline_is_computed_once_per_image(tmp_path, prefect_harness):
+    """`bench quality` again on a run directory reuses the box GrabCut labels it stored: only an
+    image without one is computed (here one whose labels were dropped), and the others stay as they were."""
+    from flows.wsss import ingest
+    from tasks.store import Store
+    from tasks.wsss.pipeline import box_grabcut_shard
+
+    src = one_class_corpus(tmp_path / "src", 3)
+    run = tmp_path / "run"
+    ingest(str(src), str(run))
+    store = Store(run)
+    ids = [r.image_id for r in store.manifest("train")]
+    assert len(ids) == 3 and store.classes().background is not None
+    assert box_grabcut_shard(str(run), ids)["computed"] == 3
+    first = {i: store.pseudo(0, i, name="box_grabcut") for i in ids}
+    obj = store.classes().index("animal")
+    assert all((lab == obj).any() and (lab == store.classes().background).any() for lab in first.values())
+    assert box_grabcut_shard(str(run), ids) == {"images": 3, "computed": 0}
+    store.drop_labels(ids[:1])
+    assert box_grabcut_shard(str(run), ids)["computed"] == 1
+    assert all(np.array_equal(store.pseudo(0, i, name="box_grabcut"), first[i]) for i in ids)

@@ -21,7 +21,7 @@ from __future__ import annotations
 
 from typing import Sequence
 
-from tasks.config import NOT_IN_ROUNDS, WSSSConfig, changed_fields
+from tasks.config import FROM_ROUND_1, MODEL_ONLY, NOT_IN_ROUNDS, WSSSConfig, changed_fields
 from tasks.store import ClassSpec, ImageRecord, corpus_hash
 
 
@@ -53,6 +53,24 @@ def round_inputs(classes: ClassSpec, records: Sequence[ImageRecord] | dict, conf
     corpus = records if isinstance(records, dict) else corpus_entry(records)
     out = {"classes": classes_entry(classes), "corpus": corpus, "config": cfg}
     return out | ({"corrections": corrections} if corrections else {})
+
+
+def round_view(inputs: dict | None, r: int, part: str = "model") -> dict | None:
+    """The part of round ``r``'s inputs (:func:`round_inputs`) that its ``part`` depends on:
+    ``"model"``, the round as a whole (its labels, model and stopping decision), or ``"labels"``,
+    its pseudo-labels alone (without :data:`tasks.config.MODEL_ONLY`). Round 0 depends on neither
+    part of :data:`tasks.config.FROM_ROUND_1`.
+
+    >>> inputs = {"config": {"seed": 0, "segmentation": {"epochs": 3}, "prior_weight": 0.5}}
+    >>> round_view(inputs, 0), round_view(inputs, 1, "labels")
+    ({'config': {'seed': 0, 'segmentation': {'epochs': 3}}}, {'config': {'seed': 0, 'prior_weight': 0.5}})
+    """
+    if inputs is None:
+        return None
+    if part not in ("model", "labels"):
+        raise ValueError(f"part must be 'model' or 'labels', got {part!r}")
+    left_out = (FROM_ROUND_1 if r == 0 else ()) + (MODEL_ONLY if part == "labels" else ())
+    return {**inputs, "config": {k: v for k, v in (inputs.get("config") or {}).items() if k not in left_out}}
 
 
 def what_changed(previous: dict | None, current: dict) -> list[str]:

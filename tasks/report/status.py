@@ -29,7 +29,7 @@ def _refresh_state(store: Store, config: dict, finished: list[int], summary: dic
     ``refresh_pending``: images of its split without its pseudo-label (`wsseg refresh` labels
     them), looked up only when the corpus changed since the round."""
     from tasks.config import WSSSConfig
-    from tasks.corpus.resume import round_inputs, what_changed
+    from tasks.corpus.resume import round_inputs, round_view, what_changed
     from tasks.labels.corrections import corrections_entry
     from tasks.store import corpus_hash
 
@@ -49,8 +49,8 @@ def _refresh_state(store: Store, config: dict, finished: list[int], summary: dic
     if corpus is None:  # the split is empty now
         corpus = {"hash": corpus_hash([]), "images": 0}
     recorded = store.round_inputs(r)
-    out["stale"] = what_changed(recorded, round_inputs(store.classes(), corpus, cfg,
-                                                       corrections_entry(store, records) if records else None))
+    now = round_inputs(store.classes(), corpus, cfg, corrections_entry(store, records) if records else None)
+    out["stale"] = what_changed(round_view(recorded, r), round_view(now, r))
     if out["stale"]:
         records = store.manifest(cfg.split) if records is None else records
         pending = sum(not store.has_pseudo(r, rec.image_id) for rec in records)

@@ -955,6 +955,19 @@ class Store:
             self.summary_path.unlink()
         return gone
 
+    def drop_round_model(self, r: int) -> list[int]:
+        """Remove round ``r``'s segmentation model (and its training state) and summary, every
+        later round and the run's table of rounds, keeping round ``r``'s preliminary results,
+        corpus classifiers and pseudo-labels; returns the later rounds' indices removed."""
+        for path in (self.checkpoint_path("segmenter", r), self.train_state("segmenter", r).path,
+                     self.round_dir(r) / "round.json"):
+            if path.exists():
+                path.unlink()
+        gone = self.drop_rounds(r + 1)
+        if self.summary_path.exists():
+            self.summary_path.unlink()
+        return gone
+
     def write_round_inputs(self, r: int, inputs: dict) -> None:
         """What round ``r`` is computed from (class list, corpus hash, configuration), written
         when it starts: a later run reuses the round's results only when they match."""

@@ -571,15 +571,20 @@ def box_grabcut_shard(run_dir: str, ids: list[str], inset: float = 0.1, iteratio
     ``box_grabcut`` labels: GrabCut from a box inset ``inset`` from the border
     (:func:`tasks.wsss.foreground.box_grabcut`), nothing learnt. Its foreground goes to the image's
     object tag; with several, each pixel to the round-0 CAM label's object class there, or else
-    the object tag the CAM gives most pixels. Untagged images are all background."""
+    the object tag the CAM gives most pixels. Untagged images are all background. Images already
+    stored are skipped (round 0 holds them only while its CAMs are the same), so a second
+    ``bench quality`` on a run directory does not compute them again."""
     _worker_setup()
     store = Store(run_dir)
     classes = store.classes()
     bg = classes.background
     if bg is None:
         raise ValueError(f"{run_dir}: box GrabCut needs an implicit background class; this corpus has none")
+    done = 0
     with store.packing(store.shard_name(ids)):  # the shard's labels as one pack
         for rec in shard_records(store, ids, records):
+            if store.has_pseudo(0, rec.image_id, name="box_grabcut"):
+                continue
             image = store.image(rec.image_id)
             obj = [classes.index(t) for t in rec.tags if classes.index(t) != bg]
             label = np.full(image.shape[:2], bg, np.uint8)
@@ -593,4 +598,5 @@ def box_grabcut_shard(run_dir: str, ids: list[str], inset: float = 0.1, iteratio
                     fill = np.where(np.isin(cam, obj), cam, obj[int(np.argmax(counts))])
                     label[fgm] = fill[fgm]
             store.write_pseudo(0, rec.image_id, label, name="box_grabcut")
-    return {"images": len(ids)}
+            done += 1
+    return {"images": len(ids), "computed": done}

@@ -16,7 +16,7 @@ import time
 
 from tasks.config import NOT_IN_ROUNDS, WSSSConfig
 from tasks.corpus.encoders import with_weight_digests
-from tasks.corpus.resume import classes_entry, round_inputs
+from tasks.corpus.resume import classes_entry, round_inputs, round_view
 from tasks.runtime.progress import run_log
 from tasks.store import ImageRecord, Store, shard_records
 from tasks.wsss.feature_cache import compute_features
@@ -35,9 +35,9 @@ def refresh_problem(store: Store, r: int, config: WSSSConfig) -> str | None:
             return (f"the class list changed since round {r} was trained ({len(before.get('names', []))} -> "
                     f"{classes.n} classes): its models cannot label the new classes; run `wsseg train` to retrain")
         # the round recorded its weight files' digests; a configuration as a user passes it has none yet
-        now = round_inputs(classes, [], with_weight_digests(config))["config"]
-        fields = sorted(k for k in set(now) | set(recorded.get("config") or {})
-                        if now.get(k) != (recorded.get("config") or {}).get(k) and k not in NOT_IN_ROUNDS)
+        now = round_view(round_inputs(classes, [], with_weight_digests(config)), r)["config"]
+        then = round_view(recorded, r)["config"]
+        fields = sorted(k for k in set(now) | set(then) if now.get(k) != then.get(k) and k not in NOT_IN_ROUNDS)
         if fields:
             return (f"the configuration differs from round {r}'s (in: {', '.join(fields)}); run `wsseg train` "
                     "to compute the rounds with it")
