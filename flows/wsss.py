@@ -237,6 +237,13 @@ def refresh_round(run_dir: str, round_index: int, config: WSSSConfig, feature_ke
     records = store.manifest(config.split)
     keep_round_inputs(store, r, resume.round_inputs(store.classes(), records, config, corrections_entry(store, records)))
     done = store.read_round(r)
+    if done and stopping.budget_moved(done, r, config):
+        gone = store.drop_round_model(r)
+        Progress(f"r{r}", 1).message(
+            f"the round budget is {config.max_rounds} now: round {r} is {'' if r == config.max_rounds - 1 else 'no longer '}"
+            f"the last; its pseudo-labels are kept, its decision and model"
+            f"{' and round(s) ' + ', '.join(map(str, gone)) if gone else ''} are computed again")
+        done = None
     if done and (not train_model or store.usable_checkpoint("segmenter", r)):
         return done  # a label-only round resumed by a full run goes on to train its model
     t0 = time.perf_counter()

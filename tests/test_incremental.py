@@ -119,6 +119,13 @@ def test_another_class_list_recomputes_and_equals_a_fresh_run(tmp_path, prefect_
     assert Store(run).model_meta("segmenter", 0)["epochs_run"] == 3
     assert json.loads((run / "config.json").read_text())["segmentation"]["epochs"] == 3
 
+    # the run taken further: round 0 (the budget's last round before) is decided again and round 1 runs
+    further = _train(run, cfg.model_copy(update={"max_rounds": 2}))
+    said = capfd.readouterr().err
+    assert "the round budget is 2 now: round 0 is no longer the last; its pseudo-labels are kept" in said
+    assert [r["round"] for r in further["rounds"] if r["round"] != "cam"] == [0, 1]
+    assert stamps("pseudo") == labels_stamp and Store(run).finished_rounds() == [0, 1]
+
 
 
 def _mtimes(run: Path, ids: list[str]) -> dict[str, int]:

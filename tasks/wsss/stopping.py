@@ -78,6 +78,30 @@ class Decision:
                 "final_round": d["final_round"], "stop_reason": d["reason"], "converged": d["converged"]}
 
 
+BUDGET = "round budget"
+
+
+def budget_moved(summary: dict, r: int, config: WSSSConfig) -> bool:
+    """Whether round ``r``'s recorded decision (``summary``) was the round budget's and
+    ``config.max_rounds`` makes it another: the round was the last and no longer is (a run taken
+    further) or is the last now though it was not (a run stopped earlier). Its model was trained
+    for the other case (the last round's is the final model, :mod:`tasks.wsss.segmenter`), so it and
+    the decision are computed again; a decision of another rule (converged, oscillation, coverage)
+    holds whatever the budget.
+
+    >>> from tasks.config import WSSSConfig
+    >>> last = {"stops_rounds": True, "stop_reason": "round budget: 1 round(s) run; round 0 is final"}
+    >>> budget_moved(last, 0, WSSSConfig(max_rounds=1)), budget_moved(last, 0, WSSSConfig(max_rounds=3))
+    (False, True)
+    >>> budget_moved({"stops_rounds": False, "stop_reason": None}, 1, WSSSConfig(max_rounds=2))
+    True
+    """
+    by_budget = bool(summary.get("stops_rounds")) and str(summary.get("stop_reason") or "").startswith(BUDGET)
+    goes_on = not summary.get("stops_rounds")
+    last_now = r >= config.max_rounds - 1
+    return (by_budget and not last_now) or (goes_on and last_now)
+
+
 def decide(config: WSSSConfig, r: int, changed: float, reverted_share: float, coverage: float | None = None,
            previous_coverage: float | None = None, implicit_background: bool = False,
            start: str = "the CAM labels") -> Decision:
@@ -105,6 +129,6 @@ def decide(config: WSSSConfig, r: int, changed: float, reverted_share: float, co
         return Decision(r, True, r, f"converged: round {r} changed {changed:.4f} of the pixels "
                                     f"(< epsilon {config.epsilon}); round {r} is final", converged=True, **keep)
     if r >= config.max_rounds - 1:
-        return Decision(r, True, r, f"round budget: {config.max_rounds} round(s) run; round {r} is final",
+        return Decision(r, True, r, f"{BUDGET}: {config.max_rounds} round(s) run; round {r} is final",
                         converged=False, **keep)
     return Decision(r, False, r, None, converged=False, **keep)
