@@ -374,3 +374,29 @@ def test_box_grabcut_baseline_is_computed_once_per_image(tmp_path, prefect_harne
     store.drop_labels(ids[:1])
     assert box_grabcut_shard(str(run), ids)["computed"] == 1
     assert all(np.array_equal(store.pseudo(0, i, name="box_grabcut"), first[i]) for i in ids)
+
+
+def test_background_by_tags_pools_each_tag_count_s_images():
+    """tools/label_areas.py --by-tags: images with one object tag whose labels leave the background
+    whole, and two-tag images whose labels give it away, are reported apart (pixels pooled per
+    count; ignore left out)."""
+    tool = load_tool("label_areas")
+    mask = np.array([[0, 0, 0, 1], [0, 0, 255, 1]])       # background 0: 5 of 7 valid pixels
+    whole = mask.copy()
+    half = np.array([[0, 2, 2, 1], [0, 2, 0, 1]])         # background labelled on 2 of its 5 (and on the ignored pixel)
+    out = tool.background_by_tags([(1, mask, [whole]), (2, mask, [half]), (2, mask, [whole])], 0)
+    assert out[1] == {"images": 1, "true": round(5 / 7, 3), "labelled": [round(5 / 7, 3)], "iou": [1.0]}
+    assert out[2]["images"] == 2 and out[2]["labelled"] == [0.5] and out[2]["iou"] == [0.7]
+
+
+def test_a_budget_decision_is_taken_again_when_the_budget_moves():
+    from tasks.config import WSSSConfig
+    from tasks.wsss.stopping import budget_moved, decide
+
+    last = decide(WSSSConfig(max_rounds=1), 0, 0.5, 0.0).record()
+    assert last["stops_rounds"] and not budget_moved(last, 0, WSSSConfig(max_rounds=1))
+    assert budget_moved(last, 0, WSSSConfig(max_rounds=2))          # taken further
+    going_on = decide(WSSSConfig(max_rounds=3), 1, 0.5, 0.0).record()
+    assert not going_on["stops_rounds"] and budget_moved(going_on, 1, WSSSConfig(max_rounds=2))  # stopped earlier
+    converged = decide(WSSSConfig(max_rounds=3), 1, 0.001, 0.0).record()
+    assert converged["converged"] and not budget_moved(converged, 1, WSSSConfig(max_rounds=5))
