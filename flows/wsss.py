@@ -238,12 +238,20 @@ def refresh_round(run_dir: str, round_index: int, config: WSSSConfig, feature_ke
     keep_round_inputs(store, r, resume.round_inputs(store.classes(), records, config, corrections_entry(store, records)))
     done = store.read_round(r)
     if done and stopping.budget_moved(done, r, config):
-        gone = store.drop_round_model(r)
-        Progress(f"r{r}", 1).message(
-            f"the round budget is {config.max_rounds} now: round {r} is {'' if r == config.max_rounds - 1 else 'no longer '}"
-            f"the last; its pseudo-labels are kept, its decision and model"
-            f"{' and round(s) ' + ', '.join(map(str, gone)) if gone else ''} are computed again")
-        done = None
+        # the last round's model is the final one: another recipe than a round's from round 1 on
+        retrain = r > 0 and config.segmentation.final_model == "full_budget" and store.has_checkpoint("segmenter", r)
+        gone = store.drop_round_model(r) if retrain else []  # later rounds depend on its model only
+        where = f"round {r} is {'' if r >= config.max_rounds - 1 else 'no longer '}the last"
+        later = f" (round(s) {', '.join(map(str, gone))} removed)" if gone else ""
+        if retrain:
+            Progress(f"r{r}", 1).message(f"the round budget is {config.max_rounds} now: {where}; its pseudo-labels "
+                                         f"are kept, its model is trained again{later}")
+            done = None
+        else:
+            done = done | stopping.budget_decision(r, config)
+            store.write_round(r, done)
+            Progress(f"r{r}", 1).message(f"the round budget is {config.max_rounds} now: {where}; its labels and "
+                                         f"model are kept{later}")
     if done and (not train_model or store.usable_checkpoint("segmenter", r)):
         return done  # a label-only round resumed by a full run goes on to train its model
     t0 = time.perf_counter()

@@ -102,11 +102,16 @@ def _end_to_end(tmp_path, cluster, mlflow):
     assert [r["pseudo_label_miou"] for r in again["rounds"]] == [r["pseudo_label_miou"] for r in rows]
     assert (run / "rounds" / "r000" / "round.json").stat().st_mtime_ns == stamp
 
-    # a smaller (or larger) round budget is not another configuration: the finished rounds are reused
+    # a smaller (or larger) round budget is not another configuration: the finished rounds are reused,
+    # round 0's decision says it is the last now (its model, as the last round's, would be the same)
+    model_stamp = (run / "rounds" / "r000" / "model.pt").stat().st_mtime_ns
     fewer = on_cluster(train_wsss, cluster)(str(run), cfg.model_copy(update={"max_rounds": 1}),
                                                                  cluster)
     assert [r["pseudo_label_miou"] for r in fewer["rounds"]] == [r["pseudo_label_miou"] for r in rows[:2]]
-    assert (run / "rounds" / "r000" / "round.json").stat().st_mtime_ns == stamp
+    assert (run / "rounds" / "r000" / "model.pt").stat().st_mtime_ns == model_stamp
+    assert fewer["final_round"] == 0 and fewer["stop_reason"].startswith("round budget: 1 round(s)")
+    assert Store(run).finished_rounds() == [0, 1]  # round 1 stays for a run taken further again
+    stamp = (run / "rounds" / "r000" / "round.json").stat().st_mtime_ns
     assert json.loads((run / "config.json").read_text())["max_rounds"] == 1
 
     # nor is how the model labels untagged images: `evaluate --source model` follows config.json's

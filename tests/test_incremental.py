@@ -118,11 +118,14 @@ def test_another_class_list_recomputes_and_equals_a_fresh_run(tmp_path, prefect_
     assert (run / "rounds" / "r000" / "round.json").stat().st_mtime_ns != stamp
     assert Store(run).model_meta("segmenter", 0)["epochs_run"] == 3
     assert json.loads((run / "config.json").read_text())["segmentation"]["epochs"] == 3
+    model_stamp = (run / "rounds" / "r000" / "model.pt").stat().st_mtime_ns
 
     # the run taken further: round 0 (the budget's last round before) is decided again and round 1 runs
     further = _train(run, cfg.model_copy(update={"max_rounds": 2}))
     said = capfd.readouterr().err
-    assert "the round budget is 2 now: round 0 is no longer the last; its pseudo-labels are kept" in said
+    # (round 0's model is the same as the last round or not: kept)
+    assert "the round budget is 2 now: round 0 is no longer the last; its labels and model are kept" in said
+    assert (run / "rounds" / "r000" / "model.pt").stat().st_mtime_ns == model_stamp
     assert [r["round"] for r in further["rounds"] if r["round"] != "cam"] == [0, 1]
     assert stamps("pseudo") == labels_stamp and Store(run).finished_rounds() == [0, 1]
 

@@ -84,10 +84,10 @@ BUDGET = "round budget"
 def budget_moved(summary: dict, r: int, config: WSSSConfig) -> bool:
     """Whether round ``r``'s recorded decision (``summary``) was the round budget's and
     ``config.max_rounds`` makes it another: the round was the last and no longer is (a run taken
-    further) or is the last now though it was not (a run stopped earlier). Its model was trained
-    for the other case (the last round's is the final model, :mod:`tasks.wsss.segmenter`), so it and
-    the decision are computed again; a decision of another rule (converged, oscillation, coverage)
-    holds whatever the budget.
+    further) or is the last now though it was not (a run stopped earlier). Its decision is then
+    :func:`budget_decision`'s (a decision of another rule: converged, oscillation, coverage, holds
+    whatever the budget), and its model is trained again where the last round's recipe differs
+    (the final model: :func:`tasks.wsss.segmenter.final_model_config`).
 
     >>> from tasks.config import WSSSConfig
     >>> last = {"stops_rounds": True, "stop_reason": "round budget: 1 round(s) run; round 0 is final"}
@@ -100,6 +100,15 @@ def budget_moved(summary: dict, r: int, config: WSSSConfig) -> bool:
     goes_on = not summary.get("stops_rounds")
     last_now = r >= config.max_rounds - 1
     return (by_budget and not last_now) or (goes_on and last_now)
+
+
+def budget_decision(r: int, config: WSSSConfig) -> dict:
+    """The decision fields of a round summary for round ``r`` where no other rule stops the
+    rounds (as in a round whose :func:`budget_moved`): the budget's stop when it is the last round
+    of ``config.max_rounds``, else the rounds go on."""
+    last = r >= config.max_rounds - 1
+    return {"stops_rounds": last, "final_round": r, "converged": False,
+            "stop_reason": f"{BUDGET}: {config.max_rounds} round(s) run; round {r} is final" if last else None}
 
 
 def decide(config: WSSSConfig, r: int, changed: float, reverted_share: float, coverage: float | None = None,
