@@ -29,12 +29,14 @@ The pure parts (checks, the result dict, budgets) are :mod:`tasks.bench.quality`
 """
 from __future__ import annotations
 
+import hashlib
 import sys
 import tempfile
 import time
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 from prefect import flow, task
 
 from flows.naming import FlowRunName, ShardRunName
@@ -139,10 +141,47 @@ def score_model(store: Store, records: list[ImageRecord], split: str, key: str, 
     """The checkpoint ``kind`` (``r``, ``name``: see :meth:`tasks.store.Store.checkpoint_path`)
     evaluated on ``records``: its (gated, ungated) entries of :func:`flows.wsss.evaluate_sources`
     (``miou``, ``per_class_iou``, ...; the ungated one is empty without a gate, both are empty
-    where no image has a mask)."""
+    where no image has a mask). An evaluation of the same inputs (:func:`evaluation_key`) recorded
+    in the run directory's ``evaluations.json`` is reused instead of labelling the images again."""
+    ident, inputs = f"{kind}:{r}:{name}:{split}", evaluation_key(store, records, key, gate, kind, r, name)
+    done = (store.read_json(EVALUATIONS) or {}).get(ident) if inputs is not None else None
+    if done is not None and done.get("inputs") == inputs:
+        print(f"  [{stage}] reused: the same checkpoint, images, masks and gate as its last evaluation",
+              file=sys.stderr, flush=True)
+        return done["gated"], done["ungated"]
     ev = evaluate_sources(str(store.root), records, [["model", split]], shard_size, stage=stage,
                           model={"kind": kind, "r": r, "name": name}, key=key, **gate)
-    return ev.get(f"model:{split}", {}), ev.get(f"model_ungated:{split}", {})
+    out = ev.get(f"model:{split}", {}), ev.get(f"model_ungated:{split}", {})
+    if inputs is not None:
+        store.write_json(EVALUATIONS, {**(store.read_json(EVALUATIONS) or {}),
+                                       ident: {"inputs": inputs, "gated": out[0], "ungated": out[1]}})
+    return out
+
+
+#: the run directory's record of model evaluations (``RUN/evaluations.json``), see :func:`score_model`
+EVALUATIONS = "evaluations"
+
+
+def evaluation_key(store: Store, records: list[ImageRecord], key: str, gate: dict, kind: str,
+                   r: int | None = None, name: str | None = None) -> dict | None:
+    """What an evaluation of checkpoint ``kind`` on ``records`` depends on: the sha256 of the
+    checkpoint (and of the image classifier when it gates), the gate's scales, the corpus hash of
+    the images with masks, a digest of their masks and the feature key of their edge maps; None
+    on object storage (not cached there) or without the checkpoint."""
+    from tasks.store import corpus_hash, sha256_file
+
+    path = store.checkpoint_path(kind, r, name=name)
+    if store.remote or not path.is_file():
+        return None
+    with_masks = [rec for rec in records if rec.has_mask]
+    masks = hashlib.sha256()
+    for rec in with_masks:
+        m = store.mask(rec.image_id)
+        masks.update(f"{rec.image_id} {None if m is None else m.shape}".encode()
+                     + (b"" if m is None else np.ascontiguousarray(m).tobytes()))
+    return {"checkpoint": sha256_file(path), "gate": gate,
+            "classifier": sha256_file(store.checkpoint_path("classifier")) if gate else None,
+            "images": corpus_hash(with_masks), "masks": masks.hexdigest(), "feature_key": key}
 
 
 def seed_spread(store: Store, records: list[ImageRecord], eval_records: list[ImageRecord], key: str,

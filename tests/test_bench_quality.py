@@ -172,6 +172,23 @@ def test_bench_quality_end_to_end(tmp_path, prefect_harness, capsys):
     assert out.with_suffix(".md").read_text().count("| small |") == 1
     assert out.with_suffix(".md").read_text().count("| lite |") == 1
 
+    # the same command again: each model's evaluation is reused (same checkpoint, images, masks and
+    # gate), with the same figures; a changed checkpoint is evaluated again
+    capsys.readouterr()
+    assert args.func(args) == 0
+    err = capsys.readouterr().err
+    again_res = json.loads(out.read_text())
+    assert "[evaluate WSSS model] reused" in err and "[evaluate supervised model] reused" in err
+    assert "[evaluate seed 1 wsss] reused" in err
+    assert again_res["wsss_model_miou"] == res["wsss_model_miou"] and again_res["ungated"] == res["ungated"]
+    assert again_res["model_seeds"] == res["model_seeds"]
+    from flows.bench_quality import evaluation_key
+
+    eval_records = [r for r in store.manifest("val")]
+    before = evaluation_key(store, eval_records, "k", {}, "supervised")
+    Path(res["supervised_model"]).write_bytes(Path(res["supervised_model"]).read_bytes() + b"\0")
+    assert evaluation_key(store, eval_records, "k", {}, "supervised")["checkpoint"] != before["checkpoint"]
+
 
 def test_model_specs_and_budget_epochs():
     assert parse_model_spec("fusion") == ("fusion", {})
