@@ -96,6 +96,8 @@ def budget_moved(summary: dict, r: int, config: WSSSConfig) -> bool:
     >>> budget_moved({"stops_rounds": False, "stop_reason": None}, 1, WSSSConfig(max_rounds=2))
     True
     """
+    if "stops_rounds" not in summary:  # an older wsseg's summary: its decision is taken again anyway
+        return False
     by_budget = bool(summary.get("stops_rounds")) and str(summary.get("stop_reason") or "").startswith(BUDGET)
     goes_on = not summary.get("stops_rounds")
     last_now = r >= config.max_rounds - 1
@@ -108,7 +110,11 @@ def budget_decision(r: int, config: WSSSConfig) -> dict:
     of ``config.max_rounds``, else the rounds go on."""
     last = r >= config.max_rounds - 1
     return {"stops_rounds": last, "final_round": r, "converged": False,
-            "stop_reason": f"{BUDGET}: {config.max_rounds} round(s) run; round {r} is final" if last else None}
+            "stop_reason": _budget_reason(config, r) if last else None}
+
+
+def _budget_reason(config: WSSSConfig, r: int) -> str:
+    return f"{BUDGET}: {config.max_rounds} round(s) run; round {r} is final"
 
 
 def decide(config: WSSSConfig, r: int, changed: float, reverted_share: float, coverage: float | None = None,
@@ -138,6 +144,5 @@ def decide(config: WSSSConfig, r: int, changed: float, reverted_share: float, co
         return Decision(r, True, r, f"converged: round {r} changed {changed:.4f} of the pixels "
                                     f"(< epsilon {config.epsilon}); round {r} is final", converged=True, **keep)
     if r >= config.max_rounds - 1:
-        return Decision(r, True, r, f"{BUDGET}: {config.max_rounds} round(s) run; round {r} is final",
-                        converged=False, **keep)
+        return Decision(r, True, r, _budget_reason(config, r), converged=False, **keep)
     return Decision(r, False, r, None, converged=False, **keep)
