@@ -236,22 +236,7 @@ def refresh_round(run_dir: str, round_index: int, config: WSSSConfig, feature_ke
     r = round_index
     records = store.manifest(config.split)
     keep_round_inputs(store, r, resume.round_inputs(store.classes(), records, config, corrections_entry(store, records)))
-    done = store.read_round(r)
-    if done and stopping.budget_moved(done, r, config):
-        # the last round's model is the final one: another recipe than a round's from round 1 on
-        retrain = r > 0 and config.segmentation.final_model == "full_budget" and store.has_checkpoint("segmenter", r)
-        gone = store.drop_round_model(r) if retrain else []  # later rounds depend on its model only
-        where = f"round {r} is {'' if r >= config.max_rounds - 1 else 'no longer '}the last"
-        later = f" (round(s) {', '.join(map(str, gone))} removed)" if gone else ""
-        if retrain:
-            Progress(f"r{r}", 1).message(f"the round budget is {config.max_rounds} now: {where}; its pseudo-labels "
-                                         f"are kept, its model is trained again{later}")
-            done = None
-        else:
-            done = done | stopping.budget_decision(r, config)
-            store.write_round(r, done)
-            Progress(f"r{r}", 1).message(f"the round budget is {config.max_rounds} now: {where}; its labels and "
-                                         f"model are kept{later}")
+    done = settle_budget(store, r, config, store.read_round(r))
     if done and (not train_model or store.usable_checkpoint("segmenter", r)):
         return done  # a label-only round resumed by a full run goes on to train its model
     t0 = time.perf_counter()
@@ -341,6 +326,27 @@ def keep_round_inputs(store: Store, r: int, inputs: dict) -> None:
                                      f"{', '.join(map(str, gone))} are computed again")
     if recorded != inputs or changed:
         store.write_round_inputs(r, inputs)
+
+
+def settle_budget(store: Store, r: int, config: WSSSConfig, done: dict | None) -> dict | None:
+    """Round ``r``'s summary ``done`` under the round budget of ``config`` (``max_rounds``, which
+    changes no round's labels): where the budget moved (:func:`tasks.wsss.stopping.budget_moved`) the
+    round's decision is the budget's today; its model is trained again where the last round's recipe
+    differs from a round's (the full-budget final model, from round 1 on: the summary and model are
+    removed and None returned), else the summary is rewritten and returned."""
+    if not done or not stopping.budget_moved(done, r, config):
+        return done
+    where = f"round {r} is {'' if r >= config.max_rounds - 1 else 'no longer '}the last"
+    if r > 0 and config.segmentation.final_model == "full_budget" and store.has_checkpoint("segmenter", r):
+        gone = store.drop_round_model(r)
+        later = f" (round(s) {', '.join(map(str, gone))} removed)" if gone else ""
+        Progress(f"r{r}", 1).message(f"the round budget is {config.max_rounds} now: {where}; its pseudo-labels "
+                                     f"are kept, its model is trained again{later}")
+        return None
+    done = done | stopping.budget_decision(r, config)  # later rounds depend on its model only: kept
+    store.write_round(r, done)
+    Progress(f"r{r}", 1).message(f"the round budget is {config.max_rounds} now: {where}; its labels and model are kept")
+    return done
 
 
 def report_round(store: Store, r: int, records: list[ImageRecord], config: WSSSConfig, tracker: Tracker,

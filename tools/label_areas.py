@@ -103,7 +103,7 @@ def main(argv: list[str] | None = None) -> int:
     tables = [area_table(conf[s]) for s in sources]
     for c in range(k):
         print(f"{names[c]:12s}" + "".join(f"{iou[c]:12.3f}{area[c]:7.2f}" for iou, area in tables))
-    print(f"{'mIoU':12s}" + "".join(f"{np.nanmean(iou):12.3f}{'':7s}" for iou, _ in tables))
+    print(f"{'mIoU':12s}" + "".join(f"{iou_from_confusion(conf[s])[1]:12.3f}{'':7s}" for s in sources))
     if args.by_tags:
         print(f"\nbackground by object tags: images, true share, then labelled share / IoU of {', '.join(heads)}")
         for n, e in background_by_tags(by_tags, background).items():

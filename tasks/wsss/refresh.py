@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import time
 
-from tasks.config import NOT_IN_ROUNDS, WSSSConfig
+from tasks.config import WSSSConfig, changed_fields
 from tasks.corpus.encoders import with_weight_digests
 from tasks.corpus.resume import classes_entry, round_inputs, round_view
 from tasks.runtime.progress import run_log
@@ -36,8 +36,7 @@ def refresh_problem(store: Store, r: int, config: WSSSConfig) -> str | None:
                     f"{classes.n} classes): its models cannot label the new classes; run `wsseg train` to retrain")
         # the round recorded its weight files' digests; a configuration as a user passes it has none yet
         now = round_view(round_inputs(classes, [], with_weight_digests(config)), r)["config"]
-        then = round_view(recorded, r)["config"]
-        fields = sorted(k for k in set(now) | set(then) if now.get(k) != then.get(k) and k not in NOT_IN_ROUNDS)
+        fields = changed_fields(round_view(recorded, r)["config"], now)
         if fields:
             return (f"the configuration differs from round {r}'s (in: {', '.join(fields)}); run `wsseg train` "
                     "to compute the rounds with it")
