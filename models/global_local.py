@@ -177,6 +177,13 @@ class GlobalLocalNet(nn.Module):
     residual_init : {"zero", "random"}
         The patch classifier's start with ``coarse_residual``: zero (the network starts as the coarse
         prediction) or PyTorch's default random initialisation.
+    patch_first : bool
+        Build the patch path first, as ``use_global=False`` builds it (the same modules, drawn in
+        the same order from the same seed), then the global path beside it: F2's share of F6 has a
+        spatial attention and a 1x1 reduction of its own, added to the patches' before the
+        normalisation. With ``global_weight=0`` and ``residual_weight=0`` the network then starts
+        as the patch network itself, weights included, and lets in as much of the coarse image as
+        helps: a corpus whose coarse image shows nothing (HRF's vessels) keeps the patches' result.
     backbone : {"hrnet", "lite0", "lite1", "lite2"}
         The patches' (and coarse images') backbone: :class:`CompactHRNet` from scratch, or an
         EfficientNet-Lite with ImageNet weights (:class:`models.lite_nets.LiteStride4`).
@@ -193,7 +200,7 @@ class GlobalLocalNet(nn.Module):
                  spatial: bool = True, coarse_size: int | None = None, global_weight: float | None = None,
                  coarse_head: bool = False, coarse_residual: bool = False, residual_gate: bool = False,
                  residual_weight: float | None = None, coarse_backbone: bool = False, residual_init: str = "zero", backbone: str = "hrnet",
-                 weights: Mapping[str, Tensor] | None = None) -> None:
+                 patch_first: bool = False, weights: Mapping[str, Tensor] | None = None) -> None:
         super().__init__()
         if backbone not in ("hrnet", "lite0", "lite1", "lite2"):
             raise ValueError(f"backbone must be hrnet, lite0, lite1 or lite2, got {backbone!r}")
@@ -203,6 +210,10 @@ class GlobalLocalNet(nn.Module):
             raise ValueError("coarse_residual needs coarse_head=True and use_global=True")
         if coarse_backbone and not use_global:
             raise ValueError("coarse_backbone needs use_global=True")
+        if patch_first and not use_global:
+            raise ValueError("patch_first needs use_global=True")
+        if patch_first and coarse_residual and residual_init == "zero":
+            raise ValueError("patch_first keeps the patch classifier's own start: residual_init must be 'random'")
         if residual_init not in ("zero", "random"):
             raise ValueError(f"residual_init must be 'zero' or 'random', got {residual_init!r}")
         if num_classes < 1:
@@ -229,6 +240,11 @@ class GlobalLocalNet(nn.Module):
             from models.lite_nets import LiteStride4  # ImageNet-pretrained (issue 31)
             return LiteStride4(in_channels, width, backbone, weights)
 
+        self.patch_first = patch_first
+        if patch_first:
+            self._build_patch_first(make_backbone, num_classes, c, n_convs, m_convs, norm_layer, coarse_backbone,
+                                    global_weight, coarse_head, coarse_residual, residual_gate, residual_weight)
+            return
         self.backbone = make_backbone()
         if coarse_backbone:  # the coarse image gets its own weights (GLNet's global branch)
             self.coarse_backbone = make_backbone()
@@ -258,6 +274,51 @@ class GlobalLocalNet(nn.Module):
                 raise ValueError(f"{'residual_gate' if residual_gate else 'residual_weight'} needs coarse_residual=True")
             start = 1.0 if residual_weight is None else float(residual_weight)
             self.residual_weight = nn.Parameter(torch.full((num_classes, 1, 1), start))
+
+    def _build_patch_first(self, make_backbone, num_classes, c, n_convs, m_convs, norm_layer, coarse_backbone,
+                           global_weight, coarse_head, coarse_residual, residual_gate, residual_weight) -> None:
+        """``patch_first``: the patch path's modules in ``use_global=False``'s order, then the global ones."""
+        kernels = [3, 7, 5, 9, 11, 13][:n_convs] + [2 * i + 3 for i in range(6, n_convs)]
+        n_parts = 1 + int(self.pooling) + int(self.with_spatial)
+        self.backbone = make_backbone()
+        self.stride = self.backbone.stride
+        if self.with_spatial:
+            self.spatial = nn.ModuleList(_conv_bn_relu(2, 8, k, 1, norm_layer) for k in kernels)
+            self.spatial_out = nn.Conv2d(8 * n_convs, 1, 3, padding=1)
+        self.reduce = _conv_bn_relu(n_parts * c, c, 1, 1, norm_layer)
+        self.convs = nn.Sequential(*[_conv_bn_relu(c, c, 3, 1, norm_layer) for _ in range(m_convs)])
+        self.head1 = _conv_bn_relu(c, c // 2, 1, 1, norm_layer)
+        self.head3 = _conv_bn_relu(c, c - c // 2, 3, 1, norm_layer)
+        self.classifier = nn.Conv2d(c, num_classes, 1)
+        # the global path: F2's attention from the maps of F1 and F2, its own 1x1 reduction
+        if coarse_backbone:
+            self.coarse_backbone = make_backbone()
+        if self.with_spatial:
+            self.spatial_global = nn.ModuleList(_conv_bn_relu(4, 8, k, 1, norm_layer) for k in kernels)
+            self.spatial_global_out = nn.Conv2d(8 * n_convs, 1, 3, padding=1)
+        self.reduce_global = nn.Conv2d(n_parts * c, c, 1, bias=False)
+        if global_weight is not None:
+            self.global_gate = nn.Parameter(torch.tensor(float(global_weight)))
+        if coarse_head:
+            self.coarse_classifier = nn.Conv2d(c, num_classes, 1)
+        if residual_gate or residual_weight is not None:
+            if not coarse_residual:
+                raise ValueError(f"{'residual_gate' if residual_gate else 'residual_weight'} needs coarse_residual=True")
+            start = 1.0 if residual_weight is None else float(residual_weight)
+            self.residual_weight = nn.Parameter(torch.full((num_classes, 1, 1), start))
+
+    def _branches(self, feats: list[Tensor], spatial: nn.ModuleList, spatial_out: nn.Module,
+                  maps_of: list[Tensor]) -> list[Tensor]:
+        """F, its pooling product and its spatially attended copy (the branches that are on), for
+        each of ``feats``, the attention computed from the mean and max maps of ``maps_of``."""
+        parts = list(feats)
+        if self.pooling:
+            parts += [self.pool_product(f) for f in feats]
+        if self.with_spatial:
+            maps = torch.cat([m for f in maps_of for m in (f.mean(1, keepdim=True), f.amax(1, keepdim=True))], 1)
+            s = torch.sigmoid(spatial_out(torch.cat([conv(maps) for conv in spatial], 1)))
+            parts += [f * s for f in feats]
+        return parts
 
     # -- building blocks -------------------------------------------------------------
     @staticmethod
@@ -361,17 +422,19 @@ class GlobalLocalNet(nn.Module):
                     residual = roi_align(g_logits, boxes.to(g_logits.dtype), f1.shape[-2:],
                                          spatial_scale=g.shape[-1] / self.coarse_size, sampling_ratio=-1,
                                          aligned=True)
-        feats = [f1] if f2 is None else [f1, f2]
-        parts = list(feats)
-        if self.pooling:                    # pooling branch
-            parts += [self.pool_product(f) for f in feats]
-        if self.with_spatial:               # spatial branch
-            maps = torch.cat([m for f in feats for m in (f.mean(1, keepdim=True), f.amax(1, keepdim=True))], 1)
-            s = torch.sigmoid(self.spatial_out(torch.cat([conv(maps) for conv in self.spatial], 1)))
-            parts += [f * s for f in feats]
-        # fusion head
-        f6 = torch.cat(parts, 1)
-        x = self.convs(self.reduce(f6))
+        if getattr(self, "patch_first", False):
+            # F6 of the patches as use_global=False has it, F2's branches reduced on their own and added
+            conv, norm, act = self.reduce
+            spatial = (getattr(self, "spatial", None), getattr(self, "spatial_out", None))
+            x = conv(torch.cat(self._branches([f1], *spatial, [f1]), 1))
+            g_spatial = (getattr(self, "spatial_global", None), getattr(self, "spatial_global_out", None))
+            x = x + self.reduce_global(torch.cat(self._branches([f2], *g_spatial, [f1, f2]), 1))
+            x = self.convs(act(norm(x)))
+        else:
+            feats = [f1] if f2 is None else [f1, f2]
+            # fusion head
+            x = self.convs(self.reduce(torch.cat(self._branches(feats, getattr(self, "spatial", None),
+                                                                getattr(self, "spatial_out", None), feats), 1)))
         f7 = torch.cat([self.head1(x), self.head3(x)], 1)
         out = self.classifier(f7)
         if residual is not None:

@@ -447,6 +447,41 @@ def test_coarse_backbone_gives_the_coarse_image_its_own_weights():
         _tiny(residual_init="ones")
 
 
+def test_patch_first_starts_as_the_patch_network_itself():
+    """``patch_first`` with both gates at 0: the same weights as ``use_global=False`` from the same
+    seed and the same logits, whatever the coarse image; opening either gate lets the coarse image
+    in; a step of training moves the gates off 0 (they learn); whole image and segment_large agree."""
+    gl = dict(coarse_head=True, coarse_residual=True, coarse_backbone=True, residual_init="random",
+              global_weight=0.0, residual_weight=0.0, patch_first=True)
+    plain, first = _tiny(use_global=False), _tiny(**gl)
+    plain_state, first_state = plain.state_dict(), first.state_dict()
+    assert all(torch.equal(v, first_state[k]) for k, v in plain_state.items())
+    assert set(first_state) - set(plain_state)                        # the global path's own modules
+    patches = torch.randn(2, 3, 32, 32)
+    boxes = torch.tensor([[0, 0, 0, 16, 16], [0, 8, 8, 24, 24.0]])
+    with torch.no_grad():
+        alone = plain.forward_patches(patches)
+        for _ in range(2):
+            torch.testing.assert_close(first.forward_patches(patches, torch.randn(1, 3, 32, 32), boxes), alone)
+        coarse = torch.randn(1, 3, 32, 32)
+        for gate in ("global_gate", "residual_weight"):
+            getattr(first, gate).fill_(1.0)
+            assert not torch.allclose(first.forward_patches(patches, coarse, boxes), alone)
+            getattr(first, gate).zero_()
+    image = np.random.default_rng(0).integers(0, 255, (50, 70, 3), dtype=np.uint8)
+    with torch.no_grad():
+        whole = first(normalize(image)[None]).argmax(1)[0].numpy()
+    np.testing.assert_array_equal(segment_large(first, image), whole)
+    first.train()
+    logits, coarse_logits = first.forward_patches(patches, coarse, boxes, with_coarse=True)
+    (logits.logsumexp(1).mean() - logits[:, 1].mean()).backward()
+    assert first.global_gate.grad.abs() > 0 and first.residual_weight.grad.abs().sum() > 0
+    with pytest.raises(ValueError, match="patch_first needs use_global"):
+        _tiny(use_global=False, patch_first=True)
+    with pytest.raises(ValueError, match="residual_init must be 'random'"):
+        _tiny(coarse_head=True, coarse_residual=True, patch_first=True)
+
+
 def test_context_dataset_with_a_coarse_loss_trains_the_coarse_head():
     """``ContextDataset(coarse_classes=K)`` packs each crop's label with its whole image's label
     fractions at the coarse size; :func:`tasks.common.training.coarse_context_loss` trains the crop and

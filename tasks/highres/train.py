@@ -104,6 +104,11 @@ VARIANTS: dict[str, Variant] = {
                              about="global_local with F2 and the coarse logits each times a learnable weight "
                                    "starting at 0 (the patch branch starts alone; the coarse image learns on its "
                                    "own loss)"),
+    "gl_patch_first": Variant(True, options={"coarse_head": True, "coarse_residual": True, "coarse_backbone": True,
+                                             "residual_init": "random", "global_weight": 0.0, "residual_weight": 0.0,
+                                             "patch_first": True}, coarse_loss=1.0, coarse_targets="soft",
+                              about="gl_gates0_sup built patch first: it starts as patch_only itself (the same "
+                                    "weights from the same seed), F2's branches reduced on their own and added"),
     "gl_coarse2x_sup": Variant(True, options={"coarse_head": True, "coarse_residual": True, "coarse_backbone": True,
                                               "residual_init": "random", "coarse_size": "2p"}, coarse_loss=1.0,
                                coarse_targets="soft", about="global_local with a coarse image of twice the patch side"),
