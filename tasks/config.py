@@ -77,6 +77,11 @@ class ClassifierConfig(BaseModel):
         "uncentred maps); 1, as 0.5 raised msrc21's CAM and lowered its labels, see "
         "docs/benchmarks.md#defaults-and-why"))
     background_threshold: float = Field(0.35, description="CAM score of the implicit background class")
+    background_rule: Literal["constant", "tag_count"] = Field("constant", description=(
+        "the implicit background's CAM score on an image with n object tags: constant (background_threshold) "
+        "or tag_count (background_threshold ** (1 / n): a pixel's strongest of n max-normalised maps grows "
+        "with n, and this keeps the chance that a background pixel stays background the same at every tag "
+        "count, exactly so when the maps are uniform on the background), see docs/benchmarks.md#coco128"))
 
 
 class ProposalConfig(BaseModel):
@@ -346,7 +351,8 @@ _MISSING = object()
 #: corpus whose results would not change (``cam_centring``, ``train_images``: their defaults), and a
 #: run computed before ``prior_source`` is resumed with 'cam', the prior it was computed with, and
 #: recomputed with 'labels', today's default. Any other option a record lacks is a change.
-ADDED_OPTIONS: dict[str, Any] = {"classifier.cam_centring": 1.0, "train_images": None, "prior_source": "cam"}
+ADDED_OPTIONS: dict[str, Any] = {"classifier.cam_centring": 1.0, "train_images": None, "prior_source": "cam",
+                                 "classifier.background_rule": "constant"}
 
 
 def _differs(previous: Any, current: Any, path: str) -> bool:

@@ -338,6 +338,32 @@ def test_balanced_class_weights_favour_small_classes_within_a_cap():
     assert float(loss(logits, torch.tensor([[[0, 1]]]))) > float(tr.segmentation_loss()(logits, torch.tensor([[[0, 1]]])))
 
 
+def test_tag_count_background_rule_raises_the_background_score_with_the_object_tags():
+    """Background (0) and three object classes. Each object map is max-normalised to 1 at its own
+    pixel and 0.5 on a background pixel: with a constant score 0.36 the background pixel goes to an
+    object; under ``tag_count`` the score is 0.36 with one tag, 0.6 with two, 0.36 ** (1/3) ~ 0.71
+    with three, so the background pixel stays background at 2 and 3 tags while each peak still
+    goes to its class; one tag gives the same probabilities under both rules."""
+    from tasks.wsss.pipeline import background_score, cam_to_prob
+
+    cams = np.zeros((4, 1, 4), np.float32)
+    cams[1:, 0, 3] = 0.5                              # pixel 3: background, every map at 0.5
+    for c in (1, 2, 3):
+        cams[c, 0, c - 1] = 1.0                       # each class's peak
+    for n in (2, 3):
+        allowed = np.array([True] + [c <= n for c in (1, 2, 3)])
+        const = cam_to_prob(cams, allowed, 0, 0.36).argmax(0).ravel()
+        rule = cam_to_prob(cams, allowed, 0, 0.36, "tag_count").argmax(0).ravel()
+        assert const[3] != 0 and rule[3] == 0
+        assert rule[:n].tolist() == list(range(1, n + 1))
+    one = np.array([True, True, False, False])
+    np.testing.assert_allclose(cam_to_prob(cams, one, 0, 0.36, "tag_count"), cam_to_prob(cams, one, 0, 0.36))
+    assert background_score(0.36, "tag_count", 3) == pytest.approx(0.36 ** (1 / 3))
+    assert background_score(0.36, "tag_count", 0) == pytest.approx(0.36)
+    with pytest.raises(ValueError, match="background rule"):
+        background_score(0.36, "by_area", 2)
+
+
 def test_max_normalize_lets_every_tagged_class_win_where_it_peaks():
     from tasks.wsss.pipeline import max_normalize
 

@@ -88,13 +88,29 @@ class ClassifierGate:
         return gate_probs(prob, tr.image_class_probs(self.model, image, scales=self.scales), self.object_classes)
 
 
+def background_score(threshold: float, rule: str, object_tags: int) -> float:
+    """The implicit background's CAM score on an image with ``object_tags`` object tags
+    (:attr:`tasks.config.ClassifierConfig.background_rule`): ``threshold``, or under ``tag_count``
+    ``threshold ** (1 / n)``, the score the strongest of n independent uniform maps stays below
+    as often as one map stays below ``threshold``.
+
+    >>> background_score(0.36, "tag_count", 2), background_score(0.36, "constant", 2)
+    (0.6, 0.36)
+    """
+    if rule not in ("constant", "tag_count"):
+        raise ValueError(f"background rule must be 'constant' or 'tag_count', got {rule!r}")
+    return float(threshold ** (1.0 / max(object_tags, 1))) if rule == "tag_count" else float(threshold)
+
+
 def cam_to_prob(cams: np.ndarray, allowed: np.ndarray, background: int | None,
-                background_threshold: float) -> np.ndarray:
+                background_threshold: float, rule: str = "constant") -> np.ndarray:
     """Turn (K, H, W) CAMs in [0, 1] into probabilities over the allowed classes; the implicit
-    background class, when there is one, scores a constant ``background_threshold``."""
+    background class, when there is one, scores ``background_threshold`` (under ``rule``
+    ``tag_count`` raised with the image's object tags, :func:`background_score`)."""
     c = cams.copy()
     if background is not None:
-        c[background] = background_threshold
+        n_objects = int(np.count_nonzero(allowed)) - int(bool(allowed[background]))
+        c[background] = background_score(background_threshold, rule, n_objects)
     return restrict(c, allowed)
 
 
@@ -162,7 +178,7 @@ def cam_probs(model: torch.nn.Module, state: dict, image: np.ndarray, allowed: n
     centered = cam_mode(cfg.cam_mode, classes.background) == "centered"
     cams[obj] = tr.class_activation_maps(model, image, scales=tuple(cfg.cam_scales), raw=centered)
     return cam_to_prob_centered(cams, allowed, cfg.cam_temperature, cfg.cam_centring) if centered else \
-        cam_to_prob(cams, allowed, classes.background, cfg.background_threshold)
+        cam_to_prob(cams, allowed, classes.background, cfg.background_threshold, cfg.background_rule)
 
 
 def label_prior(label: np.ndarray, allowed: np.ndarray, n_classes: int, hold: float = 0.5) -> np.ndarray:
