@@ -341,6 +341,11 @@ NOT_IN_ROUNDS = ("max_rounds", "inference", "shard_size", "max_shards")
 # image classifier), so it changes neither round 0's labels nor its model.
 MODEL_ONLY = ("segmentation", "epsilon", "stopping")
 FROM_ROUND_1 = ("prelim_normalize", "prior_weight", "prior_source")
+# How the image classifier's maps are read into round 0's preliminary result, not how it is
+# trained: another value computes round 0 again but keeps the trained classifier
+# (tasks.wsss.classifier.train_image_classifier)
+CAM_READING = ("cam_scales", "cam_mode", "cam_temperature", "cam_centring", "background_threshold",
+               "background_rule")
 
 
 _MISSING = object()
@@ -374,10 +379,19 @@ def changed_fields(previous: dict, current: dict) -> list[str]:
                   and _differs(previous.get(k, _MISSING), current.get(k, _MISSING), k))
 
 
-def settings_changed(previous: dict, current: BaseModel, path: str) -> bool:
+def settings_changed(previous: dict, current: BaseModel, path: str, ignore: tuple[str, ...] = ()) -> bool:
     """Whether settings recorded as JSON (a checkpoint's) differ from ``current``'s, the sub-configuration
-    at ``path`` of :class:`WSSSConfig` (``"classifier"``; see :data:`ADDED_OPTIONS`)."""
-    return _differs(previous, current.model_dump(mode="json"), path)
+    at ``path`` of :class:`WSSSConfig` (``"classifier"``; see :data:`ADDED_OPTIONS`), leaving out the
+    fields named in ``ignore`` (e.g. :data:`CAM_READING`).
+
+    >>> trained = ClassifierConfig().model_dump(mode="json")
+    >>> settings_changed(trained, ClassifierConfig(background_threshold=0.5), "classifier", CAM_READING)
+    False
+    >>> settings_changed(trained, ClassifierConfig(epochs=4), "classifier", CAM_READING)
+    True
+    """
+    now = {k: v for k, v in current.model_dump(mode="json").items() if k not in ignore}
+    return _differs({k: v for k, v in previous.items() if k not in ignore}, now, path)
 
 
 def config_difference(previous: dict | None, current: WSSSConfig) -> list[str]:

@@ -48,6 +48,8 @@ def test_ablation_variants_flag_what_the_config_cannot_express():
             "no_seed_prior", "no_prelim_normalize", "no_class_balance"} <= set(v)
     assert "no_round_prior" in ablation_variants(WSSSConfig(prior_weight=0.5))
     assert v["no_mil"]["overrides"] == {"mil.iterations": 0}
+    other = "constant" if WSSSConfig().classifier.background_rule == "tag_count" else "tag_count"
+    assert v[f"background_{other}"]["overrides"] == {"classifier.background_rule": other}
     for name, var in v.items():
         if "skip" not in var:  # every runnable variant is a valid config differing from the default
             assert apply_overrides(WSSSConfig(), var["overrides"]) != WSSSConfig(), name

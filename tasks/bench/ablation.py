@@ -118,6 +118,12 @@ def ablation_variants(config: WSSSConfig) -> dict[str, dict]:
     if config.segmentation.class_balance > 0:
         out["no_class_balance"] = {"what": "segmenter trained with unweighted cross-entropy",
                                    "overrides": {"segmentation.class_balance": 0.0}, "from_round": 1}
+    rule = config.classifier.background_rule
+    other_rule = "constant" if rule == "tag_count" else "tag_count"
+    out[f"background_{other_rule}"] = {
+        "what": f"implicit background's CAM score {other_rule.replace('_', ' ')} instead of {rule.replace('_', ' ')} "
+                "(the same classifier; no effect without an implicit background)",
+        "overrides": {"classifier.background_rule": other_rule}}
     for s in ("grabcut", "random_walker", "none"):
         if s != p.seeding:
             out[f"seeding_{s}"] = {"what": f"seeded segmentation {s} instead of {p.seeding}",

@@ -9,7 +9,7 @@ from typing import Callable
 import numpy as np
 
 from tasks.common import training as tr
-from tasks.config import ClassifierConfig, settings_changed
+from tasks.config import CAM_READING, ClassifierConfig, settings_changed
 from tasks.corpus.resume import what_changed
 from tasks.runtime.progress import Progress
 from tasks.store import ClassSpec, ImageRecord, Store, build_network
@@ -72,7 +72,9 @@ def train_image_classifier(store: Store, records: list[ImageRecord], cfg: Classi
     saved = store.usable_checkpoint("classifier")  # read once: its metadata says how it was trained
     if saved is not None:
         meta = saved.get("meta", {})
-        changed = (["its settings"] if settings_changed(meta.get("config", wanted), cfg, "classifier") else []) + \
+        # how its maps are read (CAM_READING) is not how it was trained: those settings keep it
+        changed = (["its settings"] if settings_changed(meta.get("config", wanted), cfg, "classifier", CAM_READING)
+                   else []) + \
             (what_changed(meta.get("inputs"), inputs) if inputs is not None else [])
         if not changed:
             return meta.get("seconds", 0.0)
@@ -89,7 +91,8 @@ def train_image_classifier(store: Store, records: list[ImageRecord], cfg: Classi
                           max_seconds=cfg.max_seconds, patience=cfg.epochs, num_workers=1)
     prog = Progress("classifier", cfg.epochs, "epochs")
     result = tr.fit(model, ds, tr.multilabel_loss, tcfg, checkpoint=state,
-                    resume_key={"config": wanted, "inputs": inputs, "classes": list(classes.names)},
+                    resume_key={"config": {k: v for k, v in wanted.items() if k not in CAM_READING},
+                                "inputs": inputs, "classes": list(classes.names)},
                     log=(lambda m, step: log({f"classifier_{k}": v for k, v in m.items()}, step)) if log else None,
                     progress=lambda s: prog.advance(1, s.split(" ", 2)[-1]))
     seconds = time.perf_counter() - t0
