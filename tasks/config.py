@@ -25,10 +25,11 @@ class FeatureConfig(BaseModel):
     proposal_diversify: bool = Field(False, description=(
         "union of several superpixel-merging strategies (two colour spaces, and none), as selective search's "
         "'fast' mode: more proposals per image"))
-    deep_features: Literal["lite0", "lite1", "lite2", "none"] = Field("lite0", description=(
+    deep_features: Literal["lite0", "lite1", "lite2", "none"] = Field("lite2", description=(
         "superpixel (and so proposal) features from an ImageNet EfficientNet-Lite's maps (deep_strides), beside "
         "the colour and texture ones; 'none' = the hand-made features alone (tasks.wsss.deep_features); pretrained "
-        "because it separates classes better, see docs/benchmarks.md#pretrained-encoders"))
+        "because it separates classes better, Lite2 because its features gave msrc21's labels +0.034 over "
+        "Lite0's with the classifier, see docs/benchmarks.md#the-larger-encoder-for-the-labels"))
     deep_strides: tuple[int, ...] = Field((8, 16), min_length=1, description=(
         "the encoder maps pooled over each superpixel, by stride (8, 16, 32); 8 and 16: the stride-32 map "
         "sees so much around a superpixel that the weakly trained classifiers learn the CAM's co-occurrence "
@@ -47,10 +48,11 @@ class ClassifierConfig(BaseModel):
 
     model_config = ConfigDict(extra="forbid")
 
-    encoder: Literal["lite0", "lite1", "lite2", "small"] = Field("lite0", description=(
-        "the classifier's encoder: an EfficientNet-Lite with ImageNet weights from its pinned package (lite0, "
-        "or the larger lite1 and lite2), or 'small', trained from scratch (width, stride 8 and epochs 40 "
-        "were its settings); lite0 for its much better CAMs, see docs/benchmarks.md#pretrained-encoders"))
+    encoder: Literal["lite0", "lite1", "lite2", "small"] = Field("lite2", description=(
+        "the classifier's encoder: an EfficientNet-Lite with ImageNet weights from its pinned package (lite2, "
+        "or the smaller lite1 and lite0), or 'small', trained from scratch (width, stride 8 and epochs 40 "
+        "were its settings); pretrained for its much better CAMs, Lite2 for better CAMs and labels than Lite0's "
+        "at 1.5-1.9x its training time, see docs/benchmarks.md#the-larger-encoder-for-the-labels"))
     epochs: int = Field(8, ge=1, description="training epochs over the tagged images; few, as a pretrained "
                                               "encoder needs few ('small' wants about 40)")
     size: int = Field(224, description="side of the square training crops, in pixels")
@@ -214,8 +216,10 @@ class SegmentationConfig(BaseModel):
         "docs/benchmarks.md#defaults-and-why"))
     encoder_init: Literal["classifier", "none"] = Field("classifier", description=(
         "where a segmenter's encoder starts unless it fine-tunes a round before (round 0, the final model): "
-        "'classifier' copies the run's image classifier's (same kind, trained on the same tags); 'none' the "
-        "network's own start (fusion, global_local: always); see docs/method.md#pretrained-encoders"))
+        "'classifier' copies the run's image classifier's when it is the same network (trained on the same "
+        "tags; by default it is not: a Lite2 classifier, a Lite0 segmenter, which then starts from ImageNet's "
+        "Lite0); 'none' the network's own start (fusion, global_local: always); see "
+        "docs/method.md#pretrained-encoders"))
     num_workers: int = Field(1, description="data-loader worker processes of each training")
     coarse_loss: float = Field(0.0, ge=0, description=(
         "global_local built with coarse_head: weight of a loss on each crop's coarse whole image against "

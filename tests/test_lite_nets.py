@@ -90,9 +90,9 @@ def test_the_segmenter_starts_from_the_classifiers_encoder():
 
 def test_small_stays_an_option():
     assert classifier_builder(ClassifierConfig(encoder="small", stride=8)) == ("image_classifier", {"width": 16, "stride": 8})
-    assert classifier_builder(ClassifierConfig()) == ("lite_classifier", {"variant": "lite0", "stride": 16})
+    assert classifier_builder(ClassifierConfig()) == ("lite_classifier", {"variant": "lite2", "stride": 16})
     cfg = WSSSConfig(classifier=ClassifierConfig(encoder="small"), segmentation=SegmentationConfig(model="small"))
-    assert pretrained_encoders(cfg) == ["lite0"]  # the superpixel features' encoder
+    assert pretrained_encoders(cfg) == ["lite2"]  # the superpixel features' encoder
     cfg = cfg.model_copy(update={"features": FeatureConfig(deep_features="none")})
     assert pretrained_encoders(cfg) == [] and with_weight_digests(cfg).pretrained == {}
     # method C's network as the rounds' segmenter: its lite backbone's file is counted, hrnet's none
@@ -104,7 +104,8 @@ def test_small_stays_an_option():
 
 def test_the_weights_digest_is_in_the_configuration_and_the_resume_keys(monkeypatch, tmp_path):
     cfg = with_weight_digests(WSSSConfig(pretrained={"lite0": "set by hand"}))
-    assert cfg.pretrained == {"lite0": el.weights_digest("lite0")}
+    # the classifier's and the superpixel features' Lite2, the segmenter's Lite0
+    assert cfg.pretrained == {v: el.weights_digest(v) for v in ("lite0", "lite2")}
     classes = ClassSpec(("cow", "grass"))
     recs = [ImageRecord("a", 4, 4, ("cow",), "0" * 64, "train", "a.jpg", False)]
     # another weight file (same architecture, other numbers): another digest, nothing resumed

@@ -1,6 +1,7 @@
 """Superpixel features from the ImageNet-pretrained EfficientNet-Lite encoder (issue 31): the
-encoder's maps at the chosen strides (by default 8 and 16: 40 + 112 channels for lite0; the
-stride-32 map, 320 more, is an option), averaged over each superpixel, beside the hand-made colour
+encoder's maps at the chosen strides (by default 8 and 16: 48 + 120 channels for Lite2, the
+configuration's default encoder, 40 + 112 for Lite0; the
+stride-32 map, 352 or 320 more, is an option), averaged over each superpixel, beside the hand-made colour
 and texture features of :mod:`tasks.wsss.features`. The superpixel MIL and the proposal classifier
 read both (the proposals pool them by area like the rest).
 
