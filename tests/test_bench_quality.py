@@ -104,7 +104,7 @@ def test_bench_quality_end_to_end(tmp_path, prefect_harness, capsys):
     assert res["wall_seconds"] > 0 and res["config"]["max_rounds"] == 1 and res["supervised_epochs"] == 1
     # the supervised reference is trained like the final model (same start, epochs and seed): only the labels differ
     fin, ref = (load_model(p)[1]["meta"] for p in (res["final_model"], res["supervised_model"]))
-    assert fin["start"] == ref["start"] == "the image classifier's encoder"
+    assert fin["start"] == ref["start"] == "ImageNet's lite0 weights"
     assert fin["epochs_run"] == ref["epochs_run"] and fin["round"] == ref["round"] == res["final_round"]
     # --model-seeds 2: a second pair under seed 1, same recipe; seed 0's pair is the one above
     ms = res["model_seeds"]

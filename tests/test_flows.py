@@ -81,11 +81,12 @@ def _end_to_end(tmp_path, cluster, mlflow):
         allowed = {store.classes().index(t) for t in rec.tags} | {255}
         assert set(np.unique(label).tolist()) <= allowed  # only tagged classes (or ignore)
     assert (run / "rounds" / "r000" / "overlay.png").stat().st_size > 10_000
-    # round 0's segmenter starts from the image classifier's encoder, and so does the last round's
-    # (the final model, trained with the whole budget; rounds between fine-tune the round before)
+    # round 0's segmenter starts from ImageNet's Lite0 (the classifier's Lite2 is another network), and so
+    # does the last round's (the final model, trained with the whole budget; rounds between fine-tune the
+    # round before); with a Lite0 classifier they start from its encoder (tests/test_lite_nets.py)
     starts = [Store(run).model_meta("segmenter", r)["start"]
               for r in range(len(rows) - 1)]
-    assert starts == ["the image classifier's encoder"] * 2
+    assert starts == ["ImageNet's lite0 weights"] * 2
 
     # MLflow: one parent run with a nested run per round, metrics and the checkpoint
     mlflow.set_tracking_uri(f"sqlite:///{run / 'mlflow.db'}")

@@ -286,6 +286,28 @@ def build_network(name: str, num_classes: int, in_channels: int = 4, **options) 
                               **({} if weights is None else {"weights": weights}))
 
 
+def initial_weights(name: str, options: Mapping[str, Any]) -> str:
+    """What :func:`build_network` starts network ``name`` from with ``options``, in words: ImageNet's
+    weights of its lite encoder or backbone, torchvision's files (fusion), or random weights.
+
+    >>> initial_weights("lite", {}), initial_weights("lite", {"pretrained": False})
+    ("ImageNet's lite0 weights", 'random weights')
+    """
+    import models
+
+    pretrained = options.get("pretrained", PRETRAINED.get(name))
+    if not pretrained:
+        return "random weights"
+    if name == "fusion":
+        return "torchvision's ImageNet files"
+    if name == "global_local":
+        from models.global_local import GlobalLocalNet
+
+        backbone = options.get("backbone", _default(GlobalLocalNet, "backbone"))
+        return f"ImageNet's {backbone} weights" if backbone in el.VARIANTS else "random weights"
+    return f"ImageNet's {options.get('variant', _default(models.builder(name), 'variant'))} weights"
+
+
 # ---------------------------------------------------------------------------- networks
 def save_model(path: str | os.PathLike, model: nn.Module, *, builder: str, num_classes: int, in_channels: int,
                options: dict | None = None, meta: dict | None = None) -> Path:

@@ -13,6 +13,7 @@ from tasks.config import WSSSConfig
 from tasks.corpus.resume import corpus_hash
 from tasks.runtime.progress import Progress
 from tasks.store import ClassSpec, ImageRecord, Store, build_network
+from tasks.store.checkpoints import initial_weights
 from tasks.wsss.feature_cache import load_edges
 
 
@@ -91,7 +92,7 @@ def train_segmenter(store: Store, records: list[ImageRecord], feature_key: str, 
         build_options["pretrained"] = dict(s.backbone_weights)
     tr.seed_everything(config.seed + r)  # initial weights reproducible, as fit's own seeding is
     model = build_network(s.model, classes.n, in_channels=in_ch, **build_options)
-    start = "random weights"
+    start = initial_weights(s.model, build_options)
     if init_round is not None and s.finetune and store.has_checkpoint("segmenter", init_round):
         prev, _ = store.read_model("segmenter", init_round)
         model.load_state_dict(prev.state_dict())
