@@ -83,7 +83,8 @@ class ClassifierConfig(BaseModel):
         "the implicit background's CAM score on an image with n object tags: constant (background_threshold) "
         "or tag_count (background_threshold ** (1 / n): a pixel's strongest of n max-normalised maps grows "
         "with n, and this keeps the chance that a background pixel stays background the same at every tag "
-        "count, exactly so when the maps are uniform on the background), see docs/benchmarks.md#coco128"))
+        "count, exactly so when the maps are uniform on the background), see "
+        "docs/benchmarks.md#the-larger-encoder-for-the-labels"))
 
 
 class ProposalConfig(BaseModel):
