@@ -59,6 +59,14 @@ def _conv_bn_relu(cin: int, cout: int, kernel: int = 3, stride: int = 1,
                          norm_layer(cout), nn.ReLU(inplace=True))
 
 
+def _spatial_branch(n_maps: int, n_convs: int, norm_layer) -> tuple[nn.ModuleList, nn.Conv2d]:
+    """The spatial branch's n convolutions (kernel sizes 3, 7, 5, 9, 11, 13, then 15, 17, ...) on
+    ``n_maps`` mean/max maps, and its 3x3 output convolution to one attention map."""
+    kernels = [3, 7, 5, 9, 11, 13][:n_convs] + [2 * i + 3 for i in range(6, n_convs)]
+    return (nn.ModuleList(_conv_bn_relu(n_maps, 8, k, 1, norm_layer) for k in kernels),
+            nn.Conv2d(8 * n_convs, 1, 3, padding=1))
+
+
 class BasicBlock(nn.Module):
     """ResNet basic block (two 3x3 convolutions and an identity shortcut)."""
 
@@ -249,27 +257,34 @@ class GlobalLocalNet(nn.Module):
         if coarse_backbone:  # the coarse image gets its own weights (GLNet's global branch)
             self.coarse_backbone = make_backbone()
         self.stride = self.backbone.stride
-        # spatial branch: n convolutions of different kernel sizes on the avg/max maps
-        n_maps = 4 if use_global else 2
+        n_maps = 4 if use_global else 2  # the spatial branch's mean/max maps: of F1 (and F2)
         if spatial:
-            kernels = [3, 7, 5, 9, 11, 13][:n_convs] + [2 * i + 3 for i in range(6, n_convs)]
-            self.spatial = nn.ModuleList(_conv_bn_relu(n_maps, 8, k, 1, norm_layer) for k in kernels)
-            self.spatial_out = nn.Conv2d(8 * n_convs, 1, 3, padding=1)
+            self.spatial, self.spatial_out = _spatial_branch(n_maps, n_convs, norm_layer)
         if use_global and global_weight is not None:
             self.global_gate = nn.Parameter(torch.tensor(float(global_weight)))
         if use_global and coarse_head:
             self.coarse_classifier = nn.Conv2d(c, num_classes, 1)
         # F6 -> reduce -> m identical conv-bn-relu -> two kernels concatenated (F7) -> classifier
-        n_f6 = (2 if use_global else 1) * (1 + int(pooling) + int(spatial))
-        self.reduce = _conv_bn_relu(n_f6 * c, c, 1, 1, norm_layer)
+        self._build_head((2 if use_global else 1) * (1 + int(pooling) + int(spatial)) * c, c, m_convs, num_classes,
+                         norm_layer)
+        if coarse_residual and residual_init == "zero":  # the patches start as the coarse prediction of their region
+            nn.init.zeros_(self.classifier.weight)
+            nn.init.zeros_(self.classifier.bias)
+        self._add_residual_weight(num_classes, coarse_residual, residual_gate, residual_weight)
+
+    def _build_head(self, in_channels: int, c: int, m_convs: int, num_classes: int, norm_layer) -> None:
+        """F6 -> ``reduce`` -> ``convs`` (m identical conv-bn-relu) -> ``head1``, ``head3`` (F7) ->
+        ``classifier``, drawn in that order."""
+        self.reduce = _conv_bn_relu(in_channels, c, 1, 1, norm_layer)
         self.convs = nn.Sequential(*[_conv_bn_relu(c, c, 3, 1, norm_layer) for _ in range(m_convs)])
         self.head1 = _conv_bn_relu(c, c // 2, 1, 1, norm_layer)
         self.head3 = _conv_bn_relu(c, c - c // 2, 3, 1, norm_layer)
         self.classifier = nn.Conv2d(c, num_classes, 1)
-        if coarse_residual and residual_init == "zero":  # the patches start as the coarse prediction of their region
-            nn.init.zeros_(self.classifier.weight)
-            nn.init.zeros_(self.classifier.bias)
-        if residual_gate or residual_weight is not None:  # a learnt weight per class of the coarse logits
+
+    def _add_residual_weight(self, num_classes: int, coarse_residual: bool, residual_gate: bool,
+                             residual_weight: float | None) -> None:
+        """A learnt weight per class of the coarse logits (``residual_gate``: from 1; ``residual_weight``)."""
+        if residual_gate or residual_weight is not None:
             if not coarse_residual:
                 raise ValueError(f"{'residual_gate' if residual_gate else 'residual_weight'} needs coarse_residual=True")
             start = 1.0 if residual_weight is None else float(residual_weight)
@@ -278,34 +293,23 @@ class GlobalLocalNet(nn.Module):
     def _build_patch_first(self, make_backbone, num_classes, c, n_convs, m_convs, norm_layer, coarse_backbone,
                            global_weight, coarse_head, coarse_residual, residual_gate, residual_weight) -> None:
         """``patch_first``: the patch path's modules in ``use_global=False``'s order, then the global ones."""
-        kernels = [3, 7, 5, 9, 11, 13][:n_convs] + [2 * i + 3 for i in range(6, n_convs)]
         n_parts = 1 + int(self.pooling) + int(self.with_spatial)
         self.backbone = make_backbone()
         self.stride = self.backbone.stride
         if self.with_spatial:
-            self.spatial = nn.ModuleList(_conv_bn_relu(2, 8, k, 1, norm_layer) for k in kernels)
-            self.spatial_out = nn.Conv2d(8 * n_convs, 1, 3, padding=1)
-        self.reduce = _conv_bn_relu(n_parts * c, c, 1, 1, norm_layer)
-        self.convs = nn.Sequential(*[_conv_bn_relu(c, c, 3, 1, norm_layer) for _ in range(m_convs)])
-        self.head1 = _conv_bn_relu(c, c // 2, 1, 1, norm_layer)
-        self.head3 = _conv_bn_relu(c, c - c // 2, 3, 1, norm_layer)
-        self.classifier = nn.Conv2d(c, num_classes, 1)
+            self.spatial, self.spatial_out = _spatial_branch(2, n_convs, norm_layer)
+        self._build_head(n_parts * c, c, m_convs, num_classes, norm_layer)
         # the global path: F2's attention from the maps of F1 and F2, its own 1x1 reduction
         if coarse_backbone:
             self.coarse_backbone = make_backbone()
         if self.with_spatial:
-            self.spatial_global = nn.ModuleList(_conv_bn_relu(4, 8, k, 1, norm_layer) for k in kernels)
-            self.spatial_global_out = nn.Conv2d(8 * n_convs, 1, 3, padding=1)
+            self.spatial_global, self.spatial_global_out = _spatial_branch(4, n_convs, norm_layer)
         self.reduce_global = nn.Conv2d(n_parts * c, c, 1, bias=False)
         if global_weight is not None:
             self.global_gate = nn.Parameter(torch.tensor(float(global_weight)))
         if coarse_head:
             self.coarse_classifier = nn.Conv2d(c, num_classes, 1)
-        if residual_gate or residual_weight is not None:
-            if not coarse_residual:
-                raise ValueError(f"{'residual_gate' if residual_gate else 'residual_weight'} needs coarse_residual=True")
-            start = 1.0 if residual_weight is None else float(residual_weight)
-            self.residual_weight = nn.Parameter(torch.full((num_classes, 1, 1), start))
+        self._add_residual_weight(num_classes, coarse_residual, residual_gate, residual_weight)
 
     def _branches(self, feats: list[Tensor], spatial: nn.ModuleList, spatial_out: nn.Module,
                   maps_of: list[Tensor]) -> list[Tensor]:
@@ -422,7 +426,7 @@ class GlobalLocalNet(nn.Module):
                     residual = roi_align(g_logits, boxes.to(g_logits.dtype), f1.shape[-2:],
                                          spatial_scale=g.shape[-1] / self.coarse_size, sampling_ratio=-1,
                                          aligned=True)
-        if getattr(self, "patch_first", False):
+        if self.patch_first:
             # F6 of the patches as use_global=False has it, F2's branches reduced on their own and added
             conv, norm, act = self.reduce
             spatial = (getattr(self, "spatial", None), getattr(self, "spatial_out", None))

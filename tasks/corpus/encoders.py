@@ -6,6 +6,7 @@ from __future__ import annotations
 
 from models.efficientnet_lite import VARIANTS, weights_digest
 from tasks.config import WSSSConfig
+from tasks.store.checkpoints import imagenet_variant
 
 
 def pretrained_encoders(config: WSSSConfig) -> list[str]:
@@ -15,13 +16,8 @@ def pretrained_encoders(config: WSSSConfig) -> list[str]:
         out.append(config.features.deep_features)
     if config.classifier.encoder in VARIANTS:
         out.append(config.classifier.encoder)
-    seg = config.segmentation
-    if seg.model == "lite" and seg.options.get("pretrained", True):
-        out.append(seg.options.get("variant", "lite0"))
-    if seg.model == "global_local" and seg.options.get("backbone", "hrnet") in VARIANTS \
-            and seg.options.get("pretrained", True):
-        out.append(seg.options["backbone"])
-    return sorted(set(out))
+    segmenter = imagenet_variant(config.segmentation.model, config.segmentation.options)
+    return sorted(set(out + ([segmenter] if segmenter else [])))
 
 
 def with_weight_digests(config: WSSSConfig) -> WSSSConfig:

@@ -274,16 +274,26 @@ def build_network(name: str, num_classes: int, in_channels: int = 4, **options) 
 
         files = _BackboneFiles(pretrained)  # each file read after the names are checked, named in its errors
         return load_encoder_weights(net, files, sources=files.paths)
+    variant = imagenet_variant(name, {**options, "pretrained": pretrained})
+    weights = imagenet_weights(variant) if variant else None
+    return models.build_model(name, num_classes, in_channels=in_channels, **options,
+                              **({} if weights is None else {"weights": weights}))
+
+
+def imagenet_variant(name: str, options: Mapping[str, Any]) -> str | None:
+    """The EfficientNet-Lite whose ImageNet weights :func:`build_network` loads into network ``name``
+    (a lite network's ``variant``, global_local's lite ``backbone``), or None (``pretrained`` false,
+    an hrnet backbone, another network)."""
+    import models
+
+    if name not in ("lite", "lite_classifier", "global_local") or not options.get("pretrained", PRETRAINED[name]):
+        return None
     if name == "global_local":
         from models.global_local import GlobalLocalNet
 
         backbone = options.get("backbone", _default(GlobalLocalNet, "backbone"))
-        weights = imagenet_weights(backbone) if pretrained and backbone in el.VARIANTS else None
-    else:
-        variant = options.get("variant", _default(models.builder(name), "variant"))
-        weights = imagenet_weights(variant) if pretrained else None
-    return models.build_model(name, num_classes, in_channels=in_channels, **options,
-                              **({} if weights is None else {"weights": weights}))
+        return backbone if backbone in el.VARIANTS else None
+    return options.get("variant", _default(models.builder(name), "variant"))
 
 
 def initial_weights(name: str, options: Mapping[str, Any]) -> str:
@@ -293,19 +303,10 @@ def initial_weights(name: str, options: Mapping[str, Any]) -> str:
     >>> initial_weights("lite", {}), initial_weights("lite", {"pretrained": False})
     ("ImageNet's lite0 weights", 'random weights')
     """
-    import models
-
-    pretrained = options.get("pretrained", PRETRAINED.get(name))
-    if not pretrained:
-        return "random weights"
-    if name == "fusion":
+    if name == "fusion" and options.get("pretrained"):
         return "torchvision's ImageNet files"
-    if name == "global_local":
-        from models.global_local import GlobalLocalNet
-
-        backbone = options.get("backbone", _default(GlobalLocalNet, "backbone"))
-        return f"ImageNet's {backbone} weights" if backbone in el.VARIANTS else "random weights"
-    return f"ImageNet's {options.get('variant', _default(models.builder(name), 'variant'))} weights"
+    variant = imagenet_variant(name, options)
+    return f"ImageNet's {variant} weights" if variant else "random weights"
 
 
 # ---------------------------------------------------------------------------- networks
