@@ -73,12 +73,13 @@ def test_bench_quality_end_to_end(tmp_path, prefect_harness, capsys):
         [rows[0]] + [",".join([r.split(",")[0], "val" if r.split(",")[0] in VAL else "train", r.split(",")[2]])
                      for r in rows[1:]]) + "\n")
     run, out = tmp_path / "run", tmp_path / "res" / "q.json"
-    args = _parse(["bench", "quality", "--data", str(data), "--split", "train", "--out", str(out),
+    argv = ["bench", "quality", "--data", str(data), "--split", "train", "--out", str(out),
                    "--run-dir", str(run), "--workers", "2", "--ablate", "fusion_topk", "no_edges",
                    "--set", "classifier.epochs=3", "--set", "classifier.size=96", "--set", "segmentation.epochs=1", "--set", "segmentation.crop=96",
                    "--set", "segmentation.num_workers=0", "--set", "proposals.epochs=3",
                    "--set", "classifier.cam_scales=[1.0]", "--set", "shard_size=4", "--rounds", "1",
-                   "--compare-models", 'small={"width": 4}', "--compare-seconds", "2", "--model-seeds", "2"])
+                   "--compare-models", 'small={"width": 4}', "--compare-seconds", "2", "--model-seeds", "2"]
+    args = _parse(argv)
     from flows.cli_bench import cmd_bench_quality
 
     assert args.run_dir == str(run) and args.func is cmd_bench_quality
@@ -184,6 +185,20 @@ def test_bench_quality_end_to_end(tmp_path, prefect_harness, capsys):
     assert "[evaluate seed 1 wsss] reused" in err
     assert again_res["wsss_model_miou"] == res["wsss_model_miou"] and again_res["ungated"] == res["ungated"]
     assert again_res["model_seeds"] == res["model_seeds"]
+
+    # other pseudo-labels (another proposal classifier): the models trained on them are trained
+    # again, seed 1's too; the supervised reference (masks, same recipe) is kept
+    sup_path, store_extra = Path(res["supervised_model"]), Store(run).checkpoint_path("extra", name="seed001-wsss")
+    sup_mtime, seed_mtime = sup_path.stat().st_mtime_ns, store_extra.stat().st_mtime_ns
+    changed = _parse([*argv, "--set", "proposals.epochs=2"])
+    assert changed.func(changed) == 0
+    err = capsys.readouterr().err
+    assert "seed001-wsss.pt was trained with other settings than today's (labels): trained again" in err, err
+    assert "supervised/model.pt was trained" not in err and sup_path.stat().st_mtime_ns == sup_mtime
+    assert store_extra.stat().st_mtime_ns != seed_mtime
+    meta = Store(run).read_model("extra", name="seed001-wsss")[1]["meta"]
+    assert meta["trained_on"]["labels"].startswith("round 0 ") and meta["trained_on"]["seed"] == 1
+    assert meta["trained_on"]["labels"] != load_model(sup_path)[1]["meta"]["trained_on"]["labels"] == "masks"
     from flows.bench_quality import evaluation_key
 
     eval_records = [r for r in store.manifest("val")]

@@ -10,9 +10,9 @@ import numpy as np
 from models.small import load_encoder_from
 from tasks.common import training as tr
 from tasks.config import WSSSConfig
-from tasks.corpus.resume import corpus_hash
+from tasks.corpus import resume
 from tasks.runtime.progress import Progress
-from tasks.store import ClassSpec, ImageRecord, Store, build_network
+from tasks.store import ClassSpec, ImageRecord, Store, build_network, params_key
 from tasks.store.checkpoints import initial_weights
 from tasks.wsss.feature_cache import load_edges
 
@@ -71,6 +71,35 @@ def final_model_config(config: WSSSConfig, rounds: int) -> WSSSConfig:
         "max_seconds": None if seg.max_seconds is None else seg.max_seconds * factor})})
 
 
+def training_recipe(store: Store, records: list[ImageRecord], feature_key: str, config: WSSSConfig,
+                    label_round: int | None, init_round: int | None) -> dict:
+    """What a segmenter checkpoint is trained from, recorded in it (``meta["trained_on"]``): the
+    corpus, classes, features (the edge channel), the labels (round ``label_round``'s, identified
+    by what its pseudo-labels were computed from, :func:`tasks.corpus.resume.round_view`; None: the
+    masks), the round it fine-tunes, the segmentation settings (epochs included) and the seed."""
+    labels = "masks"
+    if label_round is not None:
+        inputs = resume.round_view(store.round_inputs(label_round), label_round, "labels")
+        labels = f"round {label_round} " + (params_key(inputs) if inputs is not None else "(not recorded)")
+    return {"corpus": resume.corpus_hash(records), "classes": list(store.classes().names), "features": feature_key,
+            "labels": labels, "init_round": init_round, "segmentation": config.segmentation.model_dump(mode="json"),
+            "seed": config.seed}
+
+
+def recipe_changes(recorded: dict | None, recipe: dict) -> list[str]:
+    """The parts of ``recipe`` (:func:`training_recipe`) a checkpoint's ``recorded`` one differs in
+    ("recipe (not recorded)" for a checkpoint of an older wsseg); empty when it may be reused.
+
+    >>> recipe_changes({"labels": "masks", "seed": 0}, {"labels": "masks", "seed": 1})
+    ['seed']
+    >>> recipe_changes(None, {"seed": 0})
+    ['recipe (not recorded)']
+    """
+    if recorded is None:
+        return ["recipe (not recorded)"]
+    return [k for k in recipe if recorded.get(k) != recipe[k]]
+
+
 def train_segmenter(store: Store, records: list[ImageRecord], feature_key: str, config: WSSSConfig, *, r: int,
                     label_round: int | None, kind: str = "segmenter", name: str | None = None,
                     init_round: int | None = None,
@@ -82,8 +111,16 @@ def train_segmenter(store: Store, records: list[ImageRecord], feature_key: str, 
     (``segmentation.encoder_init``), else from random weights; seeded by ``config.seed + r``.
     Returns None when the checkpoint exists already."""
     where = dict(r=r if kind == "segmenter" else None, name=name)
-    if store.usable_checkpoint(kind, **where):
-        return None
+    recipe = training_recipe(store, records, feature_key, config, label_round, init_round)
+    done = store.usable_checkpoint(kind, **where)
+    if done is not None:
+        differs = recipe_changes((done.get("meta") or {}).get("trained_on"), recipe)
+        if kind == "segmenter" or not differs:  # a round's model: the rounds' own record decides (flows.wsss)
+            return None
+        path = store.checkpoint_path(kind, **where)
+        Progress(kind if name is None else name, 1).message(
+            f"{path.parent.name}/{path.name} was trained with other settings than today's ({', '.join(differs)}): "
+            "trained again")
     classes = store.classes()
     s = config.segmentation
     in_ch = 4 if s.use_edges else 3
@@ -117,7 +154,7 @@ def train_segmenter(store: Store, records: list[ImageRecord], feature_key: str, 
     prog = Progress(f"segmenter r{r}" if label_round is not None else "supervised", epochs, "epochs")
     weights = tr.balanced_class_weights(labels.class_counts(classes.n), s.class_balance) if s.class_balance else None
     # a stopped training resumes only on the same labels, corpus, classes and settings
-    resume_key = {"corpus": corpus_hash(records), "classes": list(classes.names), "label_round": label_round,
+    resume_key = {"corpus": resume.corpus_hash(records), "classes": list(classes.names), "label_round": label_round,
                   "feature_key": feature_key, "init_round": init_round, "start": start,
                   "segmentation": s.model_dump(mode="json"), "seed": config.seed}
     loss_fn, forward = tr.segmentation_loss(weights), None
@@ -133,7 +170,7 @@ def train_segmenter(store: Store, records: list[ImageRecord], feature_key: str, 
     store.write_model(kind, model, **where, builder=s.model, num_classes=classes.n, in_channels=in_ch,
                       options=s.options,  # load_model rebuilds it without reading weight files
                       meta={"classes": list(classes.names), "trained_classes": trained_classes(records, classes),
-                            "round": r, "epochs_run": result.epochs_run,
+                            "round": r, "epochs_run": result.epochs_run, "trained_on": recipe,
                             "stopped": result.stopped, "feature_key": feature_key, "start": start,
                             # a checkpoint copied away from its run still knows its edge channel
                             **({"edges": {"sigma": config.features.edge_sigma, "tau": config.features.edge_tau}}
