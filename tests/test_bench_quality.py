@@ -37,7 +37,10 @@ def test_ablation_variants_flag_what_the_config_cannot_express():
     assert v["iou_filter"]["overrides"] == {"proposals.t1": 0.3, "proposals.p1": 0.5} and "no_iou_filter" not in v
     on = apply_overrides(WSSSConfig(), v["iou_filter"]["overrides"])
     assert ablation_variants(on)["no_iou_filter"]["overrides"] == {"proposals.t1": 0.0, "proposals.p1": 0.0}
-    assert v["no_mil_claim"]["overrides"] == {"mil.min_share": 0.0}
+    # the MIL's least share is off by default, so its variant switches it on, and the other way round
+    assert v["mil_claim"]["overrides"] == {"mil.min_share": 0.15} and "no_mil_claim" not in v
+    claim = apply_overrides(WSSSConfig(), v["mil_claim"]["overrides"])
+    assert ablation_variants(claim)["no_mil_claim"]["overrides"] == {"mil.min_share": 0.0}
     assert v["no_mil_prior"]["overrides"] == {"mil.prior_weight": 0.0}
     # the MIL and the proposal classifier both train against untagged classes by default
     assert v["mil_negatives_off"]["overrides"] == {"mil.negatives": "off"} and "mil_negatives_first_round" not in v
@@ -190,12 +193,15 @@ def test_bench_quality_end_to_end(tmp_path, prefect_harness, capsys):
     # again, seed 1's too; the supervised reference (masks, same recipe) is kept
     sup_path, store_extra = Path(res["supervised_model"]), Store(run).checkpoint_path("extra", name="seed001-wsss")
     sup_mtime, seed_mtime = sup_path.stat().st_mtime_ns, store_extra.stat().st_mtime_ns
+    old_seed = load_model(store_extra)[0].state_dict()
     changed = _parse([*argv, "--set", "proposals.epochs=2"])
     assert changed.func(changed) == 0
     err = capsys.readouterr().err
     assert "seed001-wsss.pt was trained with other settings than today's (labels): trained again" in err, err
     assert "supervised/model.pt was trained" not in err and sup_path.stat().st_mtime_ns == sup_mtime
     assert store_extra.stat().st_mtime_ns != seed_mtime
+    # trained on the new labels, not resumed from the finished training state of the old ones
+    assert any(not torch.equal(a, b) for a, b in zip(old_seed.values(), load_model(store_extra)[0].state_dict().values()))
     meta = Store(run).read_model("extra", name="seed001-wsss")[1]["meta"]
     assert meta["trained_on"]["labels"].startswith("round 0 ") and meta["trained_on"]["seed"] == 1
     assert meta["trained_on"]["labels"] != load_model(sup_path)[1]["meta"]["trained_on"]["labels"] == "masks"

@@ -154,9 +154,8 @@ def train_segmenter(store: Store, records: list[ImageRecord], feature_key: str, 
     prog = Progress(f"segmenter r{r}" if label_round is not None else "supervised", epochs, "epochs")
     weights = tr.balanced_class_weights(labels.class_counts(classes.n), s.class_balance) if s.class_balance else None
     # a stopped training resumes only on the same labels, corpus, classes and settings
-    resume_key = {"corpus": resume.corpus_hash(records), "classes": list(classes.names), "label_round": label_round,
-                  "feature_key": feature_key, "init_round": init_round, "start": start,
-                  "segmentation": s.model_dump(mode="json"), "seed": config.seed}
+    # (the labels by what they were computed from: a round's labels computed again are other labels)
+    resume_key = {**recipe, "start": start}
     loss_fn, forward = tr.segmentation_loss(weights), None
     if s.coarse_loss:
         if not (getattr(model, "needs_global_context", False) and hasattr(model, "coarse_classifier")):
