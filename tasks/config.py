@@ -79,12 +79,13 @@ class ClassifierConfig(BaseModel):
         "uncentred maps); 1, as 0.5 raised msrc21's CAM and lowered its labels, see "
         "docs/benchmarks.md#defaults-and-why"))
     background_threshold: float = Field(0.35, description="CAM score of the implicit background class")
-    background_rule: Literal["constant", "tag_count"] = Field("constant", description=(
+    background_rule: Literal["constant", "tag_count"] = Field("tag_count", description=(
         "the implicit background's CAM score on an image with n object tags: constant (background_threshold) "
         "or tag_count (background_threshold ** (1 / n): a pixel's strongest of n max-normalised maps grows "
         "with n, and this keeps the chance that a background pixel stays background the same at every tag "
-        "count, exactly so when the maps are uniform on the background), see "
-        "docs/benchmarks.md#the-larger-encoder-for-the-labels"))
+        "count, exactly so when the maps are uniform on the background); the same for one object tag, no "
+        "effect without an implicit background; tag_count since 2026-12-05, see "
+        "docs/benchmarks.md#the-mils-least-share"))
 
 
 class ProposalConfig(BaseModel):
@@ -159,10 +160,11 @@ class MILConfig(BaseModel):
     hidden: int = Field(0, ge=0, description=(
         "0 = multinomial logistic regression; > 0 = two-hidden-layer MLP of this width; linear, as it was "
         "better and ten times faster, see docs/benchmarks.md#defaults-and-why"))
-    min_share: float = Field(0.15, ge=0, lt=1, description=(
+    min_share: float = Field(0.0, ge=0, lt=1, description=(
         "each tagged class claims at least this share of its image's area in the MIL targets (where its "
-        "evidence is relatively highest); 0 = plain argmax; 0.15 keeps classes that stand beside stronger "
-        "ones, see docs/benchmarks.md#defaults-and-why"))
+        "evidence is relatively highest); 0 = plain argmax, the default since the pretrained features: 0.15 "
+        "(the default until 2026-12-05) kept classes beside stronger ones from scratch, and now costs labels "
+        "and takes coco128's background, see docs/benchmarks.md#the-mils-least-share"))
     negatives: Literal["first_round", "all_rounds", "off"] = Field("first_round", description=(
         "softmax over every class in training: a superpixel is a negative for each class its image is not "
         "tagged with (MIL's negative bags); off = over the tags only; first_round = round 0 only, as they help "
@@ -298,10 +300,12 @@ class WSSSConfig(BaseModel):
     max_rounds: int = Field(3, ge=1, description="round budget: the most refresh rounds a run computes")
     epsilon: float = Field(0.02, description="converged when the share of pseudo-label pixels changed since the "
                                              "round before (0-1) falls below this")
-    stopping: Literal["auto", "oscillation", "budget"] = Field("auto", description=(
-        "auto: a round that oscillates (half of its changed pixels revert) or, without an implicit background, "
-        "lowers the tag coverage ends the rounds, the round before final (no mask needed); oscillation: the "
-        "first rule alone; budget: the last round; see docs/method.md#stopping-without-masks"))
+    stopping: Literal["auto", "oscillation", "budget"] = Field("oscillation", description=(
+        "oscillation: a round that oscillates (half of its changed pixels revert) ends the rounds, the round "
+        "before final (no mask needed); auto: also, without an implicit background, a round that lowers the "
+        "tag coverage (the default until 2026-12-05: without the MIL's least share the coverage falls in rounds "
+        "that gain, see docs/benchmarks.md#the-mils-least-share); budget: the last round; see "
+        "docs/method.md#stopping-without-masks"))
     split: str = Field("train", description="the corpus split whose images the rounds label and train on")
     shard_size: int = Field(64, ge=1, description=(
         "images per shard task (a Dask worker's unit of work), grown so a stage has at most max_shards tasks; "
@@ -399,10 +403,24 @@ def settings_changed(previous: dict, current: BaseModel, path: str, ignore: tupl
     return _differs({k: v for k, v in previous.items() if k not in ignore}, now, path)
 
 
-def config_difference(previous: dict | None, current: WSSSConfig) -> list[str]:
+def in_effect(config: dict, implicit_background: bool) -> dict:
+    """A configuration (as JSON) without what acts on nothing in a corpus with or without an
+    implicit background: ``classifier.background_rule`` reads the implicit background's CAM
+    score, so without one another rule changes no result.
+
+    >>> in_effect({"classifier": {"epochs": 8, "background_rule": "tag_count"}}, False)
+    {'classifier': {'epochs': 8}}
+    """
+    if implicit_background or not isinstance(config.get("classifier"), dict):
+        return config
+    return {**config, "classifier": {k: v for k, v in config["classifier"].items() if k != "background_rule"}}
+
+
+def config_difference(previous: dict | None, current: WSSSConfig, implicit_background: bool = True) -> list[str]:
     """The top-level fields in which ``current`` differs from the configuration a run directory
     was started with (``previous``, as JSON), leaving out :data:`NOT_IN_ROUNDS` (see
-    :func:`changed_fields`)."""
+    :func:`changed_fields`) and what acts on nothing in its corpus (:func:`in_effect`)."""
     if previous is None:
         return []
-    return changed_fields(previous, current.model_dump(mode="json"))
+    return changed_fields(in_effect(previous, implicit_background),
+                          in_effect(current.model_dump(mode="json"), implicit_background))

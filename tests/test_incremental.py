@@ -305,6 +305,16 @@ def test_an_option_of_the_later_rounds_keeps_round_0_whole(tmp_path, prefect_har
     assert (run / "rounds" / "r001" / "round.json").stat().st_mtime_ns != r1
     assert Store(run).finished_rounds() == [0, 1] and [r["round"] for r in again["rounds"] if r["round"] != "cam"] == [0, 1]
 
+    # the background rule reads the implicit background's CAM score; this corpus has none: nothing is computed again
+    marks = {p: p.stat().st_mtime_ns for p in (run / "rounds").rglob("*") if p.is_file() and p.name != "inputs.json"}
+    other = "constant" if config.classifier.background_rule == "tag_count" else "tag_count"
+    capfd.readouterr()
+    _train(run, config.model_copy(update={"prior_weight": 0.3, "classifier": config.classifier.model_copy(
+        update={"background_rule": other})}))
+    said = capfd.readouterr().err
+    assert "differs" not in said and "changed since round" not in said
+    assert {p: p.stat().st_mtime_ns for p in marks} == marks
+
 
 def test_another_background_score_computes_round_0_again_with_the_same_classifier(tmp_path, prefect_harness,
                                                                                    one_torch_thread, capfd):
@@ -323,6 +333,7 @@ def test_another_background_score_computes_round_0_again_with_the_same_classifie
     run = tmp_path / "run"
     ingest(str(src), str(run), background="grass")
     config = _config()
+    config = config.model_copy(update={"classifier": config.classifier.model_copy(update={"background_rule": "constant"})})
     _train(run, config)
     store = Store(run)
     classes = store.classes()

@@ -159,7 +159,7 @@ def test_foreground_label_averages_the_evidence_and_shares_the_foreground_among_
 
 # ---------------------------------------------------------------------------- stopping
 def test_stopping_decisions_known_by_construction():
-    cfg = WSSSConfig(max_rounds=4, epsilon=0.02)
+    cfg = WSSSConfig(max_rounds=4, epsilon=0.02, stopping="auto")
     # round 1 sends 0.06 of its 0.10 changed pixels back: oscillation, round 0 is final
     d = decide(cfg, 1, 0.10, 0.06)
     assert d.stop and d.final_round == 0 and d.reverted == pytest.approx(0.6) and "oscillation" in d.reason

@@ -7,6 +7,7 @@ the masks, area-weighted. Groups: ``hand`` (the 94 colour and texture columns) a
 the stride-32 map teaches the MIL the CAM's co-occurrence.
 
     python tools/mil_features.py RUN_DIR ROUND [--sets hand hand+s8+s16 ...] [--classes bird boat]
+    python tools/mil_features.py RUN_DIR ROUND --sets hand+s8+s16 --min-shares 0.15 0   # the MIL's least share
 """
 from __future__ import annotations
 
@@ -62,6 +63,9 @@ def main(argv: list[str] | None = None) -> int:
                    help="column sets, groups joined by + (default: every group alone and all together)")
     p.add_argument("--classes", nargs="*", default=["bird", "boat"], help="classes whose area is printed")
     p.add_argument("--split", default="train", help="split (default train)")
+    p.add_argument("--min-shares", nargs="+", type=float, default=None, metavar="S",
+                   help="train with each of these MIL least shares (mil.min_share) instead of the run's; each "
+                        "set is run once per value (the background's IoU is printed where the corpus has one)")
     args = p.parse_args(argv)
     store = Store(args.run_dir)
     spec = store.classes()
@@ -98,20 +102,22 @@ def main(argv: list[str] | None = None) -> int:
         iou, miou = iou_from_confusion(conf)
         ratio = conf.sum(0) / np.maximum(conf.sum(1), 1)
         shown = "  ".join(f"{c} {iou[spec.index(c)]:.3f} x{ratio[spec.index(c)]:.2f}"
-                          for c in args.classes if c in spec.names)
+                          for c in args.classes + ([spec.names[spec.background]] if spec.background is not None else [])
+                          if c in spec.names)
         print(f"{name:22s} {miou:.4f}  {shown}  {seconds:.0f}s", flush=True)
 
     print(f"{len(x)} images, round {r}; superpixel mIoU (area-weighted), then IoU and labelled / true area")
     report("preliminary result", [hard_targets(q, t).argmax(1) for q, t in zip(prelim, tags)], 0)
     for name in sets:
         cols = np.concatenate([groups[g] for g in name.split("+")])
-        start = time.time()
-        res = refine([f[:, cols] for f in x], prelim, tags, areas, iterations=mil.iterations,
-                     prior_weight=mil.prior_weight, hidden=mil.hidden, min_share=mil.min_share,
-                     negatives=mil.negatives_in(r), epochs=mil.epochs, lr=mil.lr, seed=config.seed + r)
-        pred = [hard_targets(evidence(res.model, f[:, cols], q, t, mil.prior_weight), t).argmax(1)
-                for f, q, t in zip(x, prelim, tags)]
-        report(name, pred, time.time() - start)
+        for share in args.min_shares or [mil.min_share]:
+            start = time.time()
+            res = refine([f[:, cols] for f in x], prelim, tags, areas, iterations=mil.iterations,
+                         prior_weight=mil.prior_weight, hidden=mil.hidden, min_share=share,
+                         negatives=mil.negatives_in(r), epochs=mil.epochs, lr=mil.lr, seed=config.seed + r)
+            pred = [hard_targets(evidence(res.model, f[:, cols], q, t, mil.prior_weight), t).argmax(1)
+                    for f, q, t in zip(x, prelim, tags)]
+            report(name if args.min_shares is None else f"{name} min_share {share:g}", pred, time.time() - start)
     return 0
 
 

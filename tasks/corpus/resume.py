@@ -21,7 +21,7 @@ from __future__ import annotations
 
 from typing import Sequence
 
-from tasks.config import FROM_ROUND_1, MODEL_ONLY, NOT_IN_ROUNDS, WSSSConfig, changed_fields
+from tasks.config import FROM_ROUND_1, MODEL_ONLY, NOT_IN_ROUNDS, WSSSConfig, changed_fields, in_effect
 from tasks.store import ClassSpec, ImageRecord, corpus_hash
 
 
@@ -64,13 +64,22 @@ def round_view(inputs: dict | None, r: int, part: str = "model") -> dict | None:
     >>> inputs = {"config": {"seed": 0, "segmentation": {"epochs": 3}, "prior_weight": 0.5}}
     >>> round_view(inputs, 0), round_view(inputs, 1, "labels")
     ({'config': {'seed': 0, 'segmentation': {'epochs': 3}}}, {'config': {'seed': 0, 'prior_weight': 0.5}})
+
+    ``classifier.background_rule`` counts only on a corpus with an implicit background:
+
+    >>> rule = {"config": {"classifier": {"epochs": 8, "background_rule": "tag_count"}}}
+    >>> round_view(rule | {"classes": {"background": None}}, 0)["config"]
+    {'classifier': {'epochs': 8}}
+    >>> round_view(rule | {"classes": {"background": "background"}}, 0)["config"]
+    {'classifier': {'epochs': 8, 'background_rule': 'tag_count'}}
     """
     if inputs is None:
         return None
     if part not in ("model", "labels"):
         raise ValueError(f"part must be 'model' or 'labels', got {part!r}")
     left_out = (FROM_ROUND_1 if r == 0 else ()) + (MODEL_ONLY if part == "labels" else ())
-    return {**inputs, "config": {k: v for k, v in (inputs.get("config") or {}).items() if k not in left_out}}
+    config = {k: v for k, v in (inputs.get("config") or {}).items() if k not in left_out}
+    return {**inputs, "config": in_effect(config, (inputs.get("classes") or {}).get("background") is not None)}
 
 
 def what_changed(previous: dict | None, current: dict) -> list[str]:
