@@ -529,7 +529,9 @@ def check_config(store: Store, config: WSSSConfig) -> None:
     is computed again (the classifier and each round record what they were computed from; see
     :mod:`tasks.corpus.resume`). The round budget and inference settings change no round."""
     previous = store.read_config()
-    diff = config_difference(previous, config, store.classes().background is not None)
+    # (before the corpus exists every option counts)
+    implicit = not store.has_corpus() or store.classes().background is not None
+    diff = config_difference(previous, config, implicit) if previous else []
     if diff:
         Progress("config", 1).message(f"{store.config_path}: the configuration differs from the one this run "
                                       f"directory was computed with (in: {', '.join(diff)}); the results that "
