@@ -529,9 +529,9 @@ def check_config(store: Store, config: WSSSConfig) -> None:
     is computed again (the classifier and each round record what they were computed from; see
     :mod:`tasks.corpus.resume`). The round budget and inference settings change no round."""
     previous = store.read_config()
-    # (before the corpus exists every option counts)
-    implicit = not store.has_corpus() or store.classes().background is not None
-    diff = config_difference(previous, config, implicit) if previous else []
+    # (without a record or a corpus yet every option counts)
+    implicit = previous is None or not store.has_corpus() or store.classes().background is not None
+    diff = config_difference(previous, config, implicit)
     if diff:
         Progress("config", 1).message(f"{store.config_path}: the configuration differs from the one this run "
                                       f"directory was computed with (in: {', '.join(diff)}); the results that "

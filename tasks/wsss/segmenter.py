@@ -71,8 +71,8 @@ def final_model_config(config: WSSSConfig, rounds: int) -> WSSSConfig:
         "max_seconds": None if seg.max_seconds is None else seg.max_seconds * factor})})
 
 
-def training_recipe(store: Store, records: list[ImageRecord], feature_key: str, config: WSSSConfig,
-                    label_round: int | None, init_round: int | None) -> dict:
+def training_recipe(store: Store, records: list[ImageRecord], classes: ClassSpec, feature_key: str,
+                    config: WSSSConfig, label_round: int | None, init_round: int | None) -> dict:
     """What a segmenter checkpoint is trained from, recorded in it (``meta["trained_on"]``): the
     corpus, classes, features (the edge channel), the labels (round ``label_round``'s, identified
     by what its pseudo-labels were computed from, :func:`tasks.corpus.resume.round_view`; None: the
@@ -81,7 +81,7 @@ def training_recipe(store: Store, records: list[ImageRecord], feature_key: str, 
     if label_round is not None:
         inputs = resume.round_view(store.round_inputs(label_round), label_round, "labels")
         labels = f"round {label_round} " + (params_key(inputs) if inputs is not None else "(not recorded)")
-    return {"corpus": resume.corpus_hash(records), "classes": list(store.classes().names), "features": feature_key,
+    return {"corpus": resume.corpus_hash(records), "classes": list(classes.names), "features": feature_key,
             "labels": labels, "init_round": init_round, "segmentation": config.segmentation.model_dump(mode="json"),
             "seed": config.seed}
 
@@ -111,7 +111,8 @@ def train_segmenter(store: Store, records: list[ImageRecord], feature_key: str, 
     (``segmentation.encoder_init``), else from random weights; seeded by ``config.seed + r``.
     Returns None when the checkpoint exists already."""
     where = dict(r=r if kind == "segmenter" else None, name=name)
-    recipe = training_recipe(store, records, feature_key, config, label_round, init_round)
+    classes = store.classes()
+    recipe = training_recipe(store, records, classes, feature_key, config, label_round, init_round)
     done = store.usable_checkpoint(kind, **where)
     if done is not None:
         differs = recipe_changes((done.get("meta") or {}).get("trained_on"), recipe)
@@ -121,7 +122,6 @@ def train_segmenter(store: Store, records: list[ImageRecord], feature_key: str, 
         Progress(kind if name is None else name, 1).message(
             f"{path.parent.name}/{path.name} was trained with other settings than today's ({', '.join(differs)}): "
             "trained again")
-    classes = store.classes()
     s = config.segmentation
     in_ch = 4 if s.use_edges else 3
     build_options = dict(s.options)
