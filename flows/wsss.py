@@ -235,7 +235,8 @@ def refresh_round(run_dir: str, round_index: int, config: WSSSConfig, feature_ke
     store = Store(run_dir)
     r = round_index
     records = store.manifest(config.split)
-    keep_round_inputs(store, r, resume.round_inputs(store.classes(), records, config, corrections_entry(store, records)))
+    keep_round_inputs(store, r, resume.round_inputs(store.classes(), records, config, corrections_entry(store, records)),
+                      config)
     done = settle_budget(store, r, config, store.read_round(r))
     if done and (not train_model or store.usable_checkpoint("segmenter", r)):
         return done  # a label-only round resumed by a full run goes on to train its model
@@ -299,21 +300,29 @@ def trained_on(store: Store, records: list[ImageRecord], config: WSSSConfig, qui
     return learn
 
 
-def keep_round_inputs(store: Store, r: int, inputs: dict) -> None:
+def keep_round_inputs(store: Store, r: int, inputs: dict, config: WSSSConfig | None = None) -> None:
     """Resume round ``r`` only from results computed from ``inputs`` (class list, corpus hash,
     configuration): when the round recorded other ones, or none though finished (an older
     wsseg's), it and every later round are removed and computed again, and the terminal says
     what changed. A change that the round's pseudo-labels do not depend on (the segmentation
     model, the stopping rule: :data:`tasks.config.MODEL_ONLY`) removes only its model, summary
     and the later rounds, and one that acts from round 1 on (:data:`tasks.config.FROM_ROUND_1`)
-    leaves round 0 whole (:func:`tasks.corpus.resume.round_view`). An unfinished round without a
-    record (one sharing another run's round-0 arrays, as the ablations do) is resumed. The inputs
-    are then recorded."""
+    leaves round 0 whole (:func:`tasks.corpus.resume.round_view`). A change of the stopping rule
+    alone (:data:`tasks.config.DECISION_ONLY`, with ``config`` given) takes a finished round's
+    decision again from its record: where it stands the round is kept whole, its record saying
+    the new rule's reason (:func:`decide_again`). An unfinished round without a record (one sharing
+    another run's round-0 arrays, as the ablations do) is resumed. The inputs are then recorded."""
     recorded = store.round_inputs(r)
     if recorded is None and store.read_round(r) is None:
         changed = []
     else:
         changed = resume.what_changed(resume.round_view(recorded, r), resume.round_view(inputs, r))
+    if (changed and recorded is not None and config is not None
+            and not resume.what_changed(resume.round_view(recorded, r, "computed"),
+                                        resume.round_view(inputs, r, "computed"))
+            and decide_again(store, r, config, changed)):
+        store.write_round_inputs(r, inputs)
+        return
     if changed and recorded is not None and not resume.what_changed(resume.round_view(recorded, r, "labels"),
                                                                     resume.round_view(inputs, r, "labels")):
         gone = store.drop_round_model(r)
@@ -326,6 +335,28 @@ def keep_round_inputs(store: Store, r: int, inputs: dict) -> None:
                                      f"{', '.join(map(str, gone))} are computed again")
     if recorded != inputs or changed:
         store.write_round_inputs(r, inputs)
+
+
+def decide_again(store: Store, r: int, config: WSSSConfig, changed: list[str]) -> bool:
+    """Round ``r``'s stopping decision taken again under ``config``'s rule from its record
+    (:func:`tasks.wsss.stopping.decide_again`), the rule having changed since (``changed``, in
+    words): True where the round is finished and the decision stands (whether the rounds stop
+    there, and which round is final), its record then rewritten with the new rule's reason;
+    False where the round must be computed again (its model trained for the other decision)."""
+    done = store.read_round(r)
+    if not done or "stops_rounds" not in done:
+        return False
+    decision = stopping.decide_again(config, r, done, store.read_round(r - 1) if r > 0 else None,
+                                     implicit_background=store.classes().background is not None,
+                                     start=pl.start_name(config.foreground if pl.foreground_on(store, config)[0]
+                                                         else None))
+    if decision is None or (decision.stop, decision.final_round) != (done["stops_rounds"], done["final_round"]):
+        return False
+    store.write_round(r, done | decision.record())
+    what = decision.reason or "the rounds go on"
+    Progress(f"r{r}", 1).message(f"{'; '.join(changed)} changed since round {r} was computed: its decision stands "
+                                 f"({what}); its labels and model are kept")
+    return True
 
 
 def settle_budget(store: Store, r: int, config: WSSSConfig, done: dict | None) -> dict | None:

@@ -349,6 +349,11 @@ NOT_IN_ROUNDS = ("max_rounds", "inference", "shard_size", "max_shards")
 # final), and the prior of the preliminary result acts from round 1 on (round 0's comes from the
 # image classifier), so it changes neither round 0's labels nor its model.
 MODEL_ONLY = ("segmentation", "epsilon", "stopping")
+# Of those, what acts only on the decision taken after a round (whether the rounds stop there,
+# and which round is final): a finished round's record holds what the decision is taken from, so
+# a run resumed with another value decides the round again and keeps its model where the decision
+# stands (flows.wsss.keep_round_inputs)
+DECISION_ONLY = ("epsilon", "stopping")
 FROM_ROUND_1 = ("prelim_normalize", "prior_weight", "prior_source")
 # How the image classifier's maps are read into round 0's preliminary result, not how it is
 # trained: another value computes round 0 again but keeps the trained classifier

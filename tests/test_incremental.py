@@ -357,3 +357,56 @@ def test_another_background_score_computes_round_0_again_with_the_same_classifie
             assert bg_after == bg_before
             same += 1
     assert more >= 1
+
+
+def test_another_stopping_rule_decides_the_finished_rounds_again(tmp_path, prefect_harness, one_torch_thread, capfd):
+    """The stopping rule (epsilon, stopping) acts only on the decision after each round: a run
+    resumed with another rule takes each finished round's decision again from its record. Where it
+    stands the round is kept whole, model included; where it changes, the round keeps its labels
+    and trains its model for the new decision, and the rounds after it go."""
+    from flows.wsss import ingest
+    from tasks.config import WSSSConfig
+    from tasks.store import Store
+
+    src = copy_sample(tmp_path / "src", FIRST)
+    run = tmp_path / "run"
+    ingest(str(src), str(run))
+    config = WSSSConfig.model_validate({**TINY, "max_rounds": 3, "stopping": "budget", "epsilon": 0.0})
+    _train(run, config)
+    store = Store(run)
+    assert store.finished_rounds() == [0, 1, 2]
+
+    def stamps(r: int) -> dict[str, int]:
+        return {p.name: p.stat().st_mtime_ns for p in (run / "rounds" / f"r{r:03d}").rglob("*")
+                if p.is_file() and p.name not in ("inputs.json", "round.json", "overlay.png")}  # records, a picture
+
+    before = {r: stamps(r) for r in (0, 1, 2)}
+    assert store.model_meta("segmenter", 1)["trained_on"]["init_round"] == 0  # fine-tuned from round 0's
+    capfd.readouterr()
+    # epsilon above 1: every round from 1 on has converged (less than all of its pixels changed)
+    out = _train(run, config.model_copy(update={"epsilon": 1.5}))
+    said = capfd.readouterr().err
+    assert "changed since round 0 was computed: its decision stands (the rounds go on); its labels and model are " \
+           "kept" in said
+    assert "changed since round 1 was computed: its pseudo-labels do not depend on it and are kept; its model " \
+           "and round(s) 2 are computed again" in said
+    assert stamps(0) == before[0]  # round 0 whole, its model included
+    after = stamps(1)
+    assert {k: v for k, v in after.items() if "model" not in k} == {k: v for k, v in before[1].items()
+                                                                   if "model" not in k}
+    assert after["model.pt"] != before[1]["model.pt"]
+    # round 1 is final now: its model is the final one, the whole budget of two rounds from the start
+    assert store.finished_rounds() == [0, 1] and out["final_round"] == 1 and out["converged"]
+    recipe = store.model_meta("segmenter", 1)["trained_on"]
+    assert recipe["init_round"] is None and recipe["segmentation"]["epochs"] == 2 * config.segmentation.epochs
+    assert store.read_round(1)["stop_reason"].startswith("converged")
+
+    # another epsilon above 1: the same decisions, nothing trained again
+    capfd.readouterr()
+    kept = {r: stamps(r) for r in (0, 1)}
+    again = _train(run, config.model_copy(update={"epsilon": 2.0}))
+    said = capfd.readouterr().err
+    assert "its decision stands (converged: round 1 changed" in said
+    assert not [line for line in said.splitlines() if line.strip().startswith("[r") and "computed again" in line]
+    assert {r: stamps(r) for r in (0, 1)} == kept and again["final_round"] == 1
+    assert "epsilon 2.0" in store.read_round(1)["stop_reason"]

@@ -21,7 +21,7 @@ from __future__ import annotations
 
 from typing import Sequence
 
-from tasks.config import FROM_ROUND_1, MODEL_ONLY, NOT_IN_ROUNDS, WSSSConfig, changed_fields, in_effect
+from tasks.config import DECISION_ONLY, FROM_ROUND_1, MODEL_ONLY, NOT_IN_ROUNDS, WSSSConfig, changed_fields, in_effect
 from tasks.store import ClassSpec, ImageRecord, corpus_hash
 
 
@@ -57,13 +57,16 @@ def round_inputs(classes: ClassSpec, records: Sequence[ImageRecord] | dict, conf
 
 def round_view(inputs: dict | None, r: int, part: str = "model") -> dict | None:
     """The part of round ``r``'s inputs (:func:`round_inputs`) that its ``part`` depends on:
-    ``"model"``, the round as a whole (its labels, model and stopping decision), or ``"labels"``,
-    its pseudo-labels alone (without :data:`tasks.config.MODEL_ONLY`). Round 0 depends on neither
-    part of :data:`tasks.config.FROM_ROUND_1`.
+    ``"model"``, the round as a whole (its labels, model and stopping decision), ``"labels"``,
+    its pseudo-labels alone (without :data:`tasks.config.MODEL_ONLY`), or ``"computed"``, its
+    labels and model without the rule of its decision (:data:`tasks.config.DECISION_ONLY`), which
+    its record lets be taken again. Round 0 depends on no part of :data:`tasks.config.FROM_ROUND_1`.
 
-    >>> inputs = {"config": {"seed": 0, "segmentation": {"epochs": 3}, "prior_weight": 0.5}}
-    >>> round_view(inputs, 0), round_view(inputs, 1, "labels")
-    ({'config': {'seed': 0, 'segmentation': {'epochs': 3}}}, {'config': {'seed': 0, 'prior_weight': 0.5}})
+    >>> inputs = {"config": {"seed": 0, "segmentation": {"epochs": 3}, "prior_weight": 0.5, "epsilon": 0.02}}
+    >>> round_view(inputs, 0)["config"], round_view(inputs, 1, "labels")["config"]
+    ({'seed': 0, 'segmentation': {'epochs': 3}, 'epsilon': 0.02}, {'seed': 0, 'prior_weight': 0.5})
+    >>> round_view(inputs, 1, "computed")["config"]
+    {'seed': 0, 'segmentation': {'epochs': 3}, 'prior_weight': 0.5}
 
     ``classifier.background_rule`` counts only on a corpus with an implicit background:
 
@@ -75,9 +78,10 @@ def round_view(inputs: dict | None, r: int, part: str = "model") -> dict | None:
     """
     if inputs is None:
         return None
-    if part not in ("model", "labels"):
-        raise ValueError(f"part must be 'model' or 'labels', got {part!r}")
-    left_out = (FROM_ROUND_1 if r == 0 else ()) + (MODEL_ONLY if part == "labels" else ())
+    if part not in ("model", "labels", "computed"):
+        raise ValueError(f"part must be 'model', 'labels' or 'computed', got {part!r}")
+    left_out = ((FROM_ROUND_1 if r == 0 else ()) + (MODEL_ONLY if part == "labels" else ())
+                + (DECISION_ONLY if part == "computed" else ()))
     config = {k: v for k, v in (inputs.get("config") or {}).items() if k not in left_out}
     return {**inputs, "config": in_effect(config, (inputs.get("classes") or {}).get("background") is not None)}
 

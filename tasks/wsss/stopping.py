@@ -50,7 +50,7 @@ from dataclasses import asdict, dataclass
 
 from tasks.config import WSSSConfig
 
-__all__ = ["OSCILLATION", "Decision", "decide"]
+__all__ = ["OSCILLATION", "Decision", "decide", "decide_again"]
 
 #: a round whose reverted fraction of its changes reaches this oscillates
 OSCILLATION = 0.5
@@ -146,3 +146,23 @@ def decide(config: WSSSConfig, r: int, changed: float, reverted_share: float, co
     if r >= config.max_rounds - 1:
         return Decision(r, True, r, _budget_reason(config, r), converged=False, **keep)
     return Decision(r, False, r, None, converged=False, **keep)
+
+
+def decide_again(config: WSSSConfig, r: int, done: dict, previous: dict | None, implicit_background: bool = False,
+                 start: str = "the CAM labels") -> Decision | None:
+    """Round ``r``'s decision taken again under ``config``'s rule from its record ``done`` (its
+    changed share, reverted fraction and tag coverage) and round r-1's (``previous``, for its
+    coverage), as :func:`decide` took it when the round ran; None where the record lacks them (an
+    older wsseg's).
+
+    >>> done = {"changed_share": 0.05, "reverted_fraction": 0.6, "tag_coverage": -1.2}
+    >>> decide_again(WSSSConfig(stopping="budget", max_rounds=3), 1, done, None).stop
+    False
+    >>> decide_again(WSSSConfig(stopping="oscillation", max_rounds=3), 1, done, None).final_round
+    0
+    """
+    if "changed_share" not in done or "reverted_fraction" not in done:
+        return None
+    changed = float(done["changed_share"])
+    return decide(config, r, changed, float(done["reverted_fraction"] or 0.0) * changed, done.get("tag_coverage"),
+                  (previous or {}).get("tag_coverage"), implicit_background=implicit_background, start=start)
