@@ -300,7 +300,7 @@ def trained_on(store: Store, records: list[ImageRecord], config: WSSSConfig, qui
     return learn
 
 
-def keep_round_inputs(store: Store, r: int, inputs: dict, config: WSSSConfig | None = None) -> None:
+def keep_round_inputs(store: Store, r: int, inputs: dict, config: WSSSConfig) -> None:
     """Resume round ``r`` only from results computed from ``inputs`` (class list, corpus hash,
     configuration): when the round recorded other ones, or none though finished (an older
     wsseg's), it and every later round are removed and computed again, and the terminal says
@@ -308,7 +308,7 @@ def keep_round_inputs(store: Store, r: int, inputs: dict, config: WSSSConfig | N
     model, the stopping rule: :data:`tasks.config.MODEL_ONLY`) removes only its model, summary
     and the later rounds, and one that acts from round 1 on (:data:`tasks.config.FROM_ROUND_1`)
     leaves round 0 whole (:func:`tasks.corpus.resume.round_view`). A change of the stopping rule
-    alone (:data:`tasks.config.DECISION_ONLY`, with ``config`` given) takes a finished round's
+    alone (:data:`tasks.config.DECISION_ONLY`; ``config``: the run's today) takes a finished round's
     decision again from its record: where it stands the round is kept whole, its record saying
     the new rule's reason (:func:`decide_again`). An unfinished round without a record (one sharing
     another run's round-0 arrays, as the ablations do) is resumed. The inputs are then recorded."""
@@ -317,7 +317,7 @@ def keep_round_inputs(store: Store, r: int, inputs: dict, config: WSSSConfig | N
         changed = []
     else:
         changed = resume.what_changed(resume.round_view(recorded, r), resume.round_view(inputs, r))
-    if (changed and recorded is not None and config is not None
+    if (changed and recorded is not None
             and not resume.what_changed(resume.round_view(recorded, r, "computed"),
                                         resume.round_view(inputs, r, "computed"))
             and decide_again(store, r, config, changed)):
