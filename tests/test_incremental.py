@@ -410,3 +410,11 @@ def test_another_stopping_rule_decides_the_finished_rounds_again(tmp_path, prefe
     assert not [line for line in said.splitlines() if line.strip().startswith("[r") and "computed again" in line]
     assert {r: stamps(r) for r in (0, 1)} == kept and again["final_round"] == 1
     assert "epsilon 2.0" in store.read_round(1)["stop_reason"]
+
+    # and back to epsilon 0: round 1 no longer stops, so its model is the fine-tuned one again and round 2 runs
+    back = _train(run, config)
+    said = capfd.readouterr().err
+    assert "changed since round 0 was computed: its decision stands" in said
+    assert "changed since round 1 was computed: its pseudo-labels do not depend on it and are kept" in said
+    assert store.finished_rounds() == [0, 1, 2] and back["final_round"] == 2
+    assert store.model_meta("segmenter", 1)["trained_on"]["init_round"] == 0
