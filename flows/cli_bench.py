@@ -37,7 +37,7 @@ def add_bench_quality_parser(bench) -> argparse.ArgumentParser:
     p.add_argument("--ablate-rounds", type=int, default=1, metavar="R",
                    help="label-only rounds each ablation variant runs (default 1: round 0's pseudo-labels, "
                         "compared with the main run's round 0); no_edges and no_round_prior act from round 1 "
-                        "on and need 2, as do no_prelim_normalize and no_class_balance")
+                        "on and need 2, as do no_prelim_normalize and class_balance (no_class_balance)")
     p.add_argument("--compare-models", nargs="+", default=None, metavar="NAME[=JSON]",
                    help="also train these networks (and the configured one) from scratch on the final "
                         "pseudo-labels and on the masks, same wall-time budget each, evaluated on --eval-split; "

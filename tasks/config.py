@@ -206,10 +206,11 @@ class SegmentationConfig(BaseModel):
                                                         "model's grows with its epochs); None = no budget")
     patience: int = Field(4, description="stop a training after this many epochs without a lower loss")
     min_steps: int = Field(0, ge=0, description="raise the epochs so that small corpora still get this many steps")
-    class_balance: float = Field(0.5, ge=0, le=1, description=(
+    class_balance: float = Field(0.0, ge=0, le=1, description=(
         "cross-entropy class weights (pixel share of the class in the labels) ** -class_balance, mean 1 "
-        "over the classes present; 0 = unweighted; without it small classes beside large ones are learnt "
-        "away, see docs/benchmarks.md#defaults-and-why"))
+        "over the classes present; 0 = unweighted: with pretrained encoders the weights made the small "
+        "classes grow over what they stand on from round to round (0.5 was the default until 2026-12-05), "
+        "see docs/benchmarks.md#the-segmenters-class-weights"))
     use_edges: bool = Field(True, description="feed the feature-region map as a 4th input channel")
     finetune: bool = Field(True, description="start round r from model r-1")
     final_model: Literal["full_budget", "finetune"] = Field("full_budget", description=(
