@@ -41,7 +41,7 @@ from tasks.wsss import refresh as rf
 from tasks.wsss import stopping
 from tasks.wsss.classifier import train_image_classifier
 from tasks.wsss.feature_cache import FEATURE_STAGE, feature_key
-from tasks.wsss.segmenter import final_model_config, train_segmenter
+from tasks.wsss.segmenter import final_model_config, round_model_config, train_segmenter
 from tasks.wsss.summary import (coverage_of, label_shares, markdown_table, reverted_of, row, source_scores,
                                 warnings_markdown)
 
@@ -274,7 +274,7 @@ def refresh_round(run_dir: str, round_index: int, config: WSSSConfig, feature_ke
         # model (the run's final one) with the whole budget from the start, see final_model_config,
         # on the final round's labels (the round before, when this one oscillates)
         last = decision.stop
-        seg_cfg, init = config, (r - 1 if r > 0 else None)
+        seg_cfg, init = (config if last else round_model_config(config)), (r - 1 if r > 0 else None)
         if last and config.segmentation.final_model == "full_budget":
             seg_cfg, init = final_model_config(config, r + 1), None
         result = train_segmenter(store, learn, feature_key, seg_cfg, r=r, label_round=decision.final_round,

@@ -206,11 +206,15 @@ class SegmentationConfig(BaseModel):
                                                         "model's grows with its epochs); None = no budget")
     patience: int = Field(4, description="stop a training after this many epochs without a lower loss")
     min_steps: int = Field(0, ge=0, description="raise the epochs so that small corpora still get this many steps")
-    class_balance: float = Field(0.0, ge=0, le=1, description=(
-        "cross-entropy class weights (pixel share of the class in the labels) ** -class_balance, mean 1 "
-        "over the classes present; 0 = unweighted: with pretrained encoders the weights made the small "
-        "classes grow over what they stand on from round to round (0.5 was the default until 2026-12-05), "
-        "see docs/benchmarks.md#the-segmenters-class-weights"))
+    class_balance: float = Field(0.5, ge=0, le=1, description=(
+        "the final model's cross-entropy class weights (pixel share of the class in the labels) ** "
+        "-class_balance, mean 1 over the classes present (bench quality's supervised reference alike); 0 = "
+        "unweighted; without them small classes beside large ones are learnt away on untagged images, see "
+        "docs/benchmarks.md#defaults-and-why"))
+    rounds_class_balance: float = Field(0.0, ge=0, le=1, description=(
+        "the same for the rounds' own segmenters (all but the final model), whose output labels the next "
+        "round's tagged images; 0 = unweighted: weighted, the small classes grew over what they stand on from "
+        "round to round (both were 0.5 until 2026-12-05), see docs/benchmarks.md#the-segmenters-class-weights"))
     use_edges: bool = Field(True, description="feed the feature-region map as a 4th input channel")
     finetune: bool = Field(True, description="start round r from model r-1")
     final_model: Literal["full_budget", "finetune"] = Field("full_budget", description=(
@@ -372,7 +376,8 @@ _MISSING = object()
 #: run computed before ``prior_source`` is resumed with 'cam', the prior it was computed with, and
 #: recomputed with 'labels', today's default. Any other option a record lacks is a change.
 ADDED_OPTIONS: dict[str, Any] = {"classifier.cam_centring": 1.0, "train_images": None, "prior_source": "cam",
-                                 "classifier.background_rule": "constant"}
+                                 "classifier.background_rule": "constant",
+                                 "segmentation.rounds_class_balance": 0.5}
 
 
 def _differs(previous: Any, current: Any, path: str) -> bool:

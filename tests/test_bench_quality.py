@@ -49,10 +49,10 @@ def test_ablation_variants_flag_what_the_config_cannot_express():
     assert "seeding_grabcut" not in v and {"seeding_random_walker", "seeding_none"} <= set(v)
     assert {"no_edges", "superpixel_skimage_slic", "superpixel_felzenszwalb", "fusion_topk", "no_mil",
             "no_seed_prior", "no_prelim_normalize", "class_balance"} <= set(v)
-    # the segmenter's class weights are off by default: the variant turns them on, and the other way round
-    assert v["class_balance"]["overrides"] == {"segmentation.class_balance": 0.5} and "no_class_balance" not in v
+    # the rounds' segmenters' class weights are off by default: the variant turns them on, and the other way round
+    assert v["class_balance"]["overrides"] == {"segmentation.rounds_class_balance": 0.5} and "no_class_balance" not in v
     weighted = apply_overrides(WSSSConfig(), v["class_balance"]["overrides"])
-    assert ablation_variants(weighted)["no_class_balance"]["overrides"] == {"segmentation.class_balance": 0.0}
+    assert ablation_variants(weighted)["no_class_balance"]["overrides"] == {"segmentation.rounds_class_balance": 0.0}
     assert "no_round_prior" in ablation_variants(WSSSConfig(prior_weight=0.5))
     assert v["no_mil"]["overrides"] == {"mil.iterations": 0}
     other = "constant" if WSSSConfig().classifier.background_rule == "tag_count" else "tag_count"

@@ -382,6 +382,14 @@ def test_another_stopping_rule_decides_the_finished_rounds_again(tmp_path, prefe
 
     before = {r: stamps(r) for r in (0, 1, 2)}
     assert store.model_meta("segmenter", 1)["trained_on"]["init_round"] == 0  # fine-tuned from round 0's
+
+    def weights(r: int) -> float:  # the class weights a round's model was trained with
+        return store.model_meta("segmenter", r)["trained_on"]["segmentation"]["class_balance"]
+
+    # the rounds' own segmenters unweighted, the final model weighted (the defaults)
+    seg = config.segmentation
+    assert (weights(0), weights(1), weights(2)) == (seg.rounds_class_balance, seg.rounds_class_balance,
+                                                     seg.class_balance) and seg.class_balance != seg.rounds_class_balance
     capfd.readouterr()
     # epsilon above 1: every round from 1 on has converged (less than all of its pixels changed)
     out = _train(run, config.model_copy(update={"epsilon": 1.5}))
@@ -399,6 +407,7 @@ def test_another_stopping_rule_decides_the_finished_rounds_again(tmp_path, prefe
     assert store.finished_rounds() == [0, 1] and out["final_round"] == 1 and out["converged"]
     recipe = store.model_meta("segmenter", 1)["trained_on"]
     assert recipe["init_round"] is None and recipe["segmentation"]["epochs"] == 2 * config.segmentation.epochs
+    assert weights(1) == seg.class_balance
     assert store.read_round(1)["stop_reason"].startswith("converged")
 
     # another epsilon above 1: the same decisions, nothing trained again
@@ -417,4 +426,4 @@ def test_another_stopping_rule_decides_the_finished_rounds_again(tmp_path, prefe
     assert "changed since round 0 was computed: its decision stands" in said
     assert "changed since round 1 was computed: its pseudo-labels do not depend on it and are kept" in said
     assert store.finished_rounds() == [0, 1, 2] and back["final_round"] == 2
-    assert store.model_meta("segmenter", 1)["trained_on"]["init_round"] == 0
+    assert store.model_meta("segmenter", 1)["trained_on"]["init_round"] == 0 and weights(1) == seg.rounds_class_balance

@@ -24,7 +24,7 @@ CLUSTER_LO, CLUSTER_HI = "proposals.clustering_lo", "proposals.clustering_hi"
 
 IOU_FILTER = {"proposals.t1": 0.3, "proposals.p1": 0.5}  # the filter's settings when the variant turns it on
 MIL_CLAIM = 0.15  # the MIL's least share when the variant turns it on (the default until 2026-12-05)
-CLASS_BALANCE = 0.5  # the segmenter's class weights when the variant turns them on (the default until 2026-12-05)
+CLASS_BALANCE = 0.5  # the rounds' segmenters' class weights when the variant turns them on (until 2026-12-05)
 
 
 def field_exists(model_cls, dotted: str) -> bool:
@@ -120,13 +120,13 @@ def ablation_variants(config: WSSSConfig) -> dict[str, dict]:
         out["no_prelim_normalize"] = {"what": "rounds >= 1 take model r-1's probabilities as they are (no per-class "
                                               "max normalisation)",
                                       "overrides": {"prelim_normalize": False}, "from_round": 1}
-    if config.segmentation.class_balance > 0:
-        out["no_class_balance"] = {"what": "segmenter trained with unweighted cross-entropy",
-                                   "overrides": {"segmentation.class_balance": 0.0}, "from_round": 1}
+    if config.segmentation.rounds_class_balance > 0:
+        out["no_class_balance"] = {"what": "the rounds' segmenters trained with unweighted cross-entropy",
+                                   "overrides": {"segmentation.rounds_class_balance": 0.0}, "from_round": 1}
     else:  # off by default since it measured better: the variant turns it on
-        out["class_balance"] = {"what": f"segmenter's cross-entropy weighted by class rarity (share ** "
-                                        f"-{CLASS_BALANCE})", "overrides": {"segmentation.class_balance": CLASS_BALANCE},
-                                "from_round": 1}
+        out["class_balance"] = {"what": f"the rounds' segmenters' cross-entropy weighted by class rarity (share ** "
+                                        f"-{CLASS_BALANCE})",
+                                "overrides": {"segmentation.rounds_class_balance": CLASS_BALANCE}, "from_round": 1}
     rule = config.classifier.background_rule
     other_rule = "constant" if rule == "tag_count" else "tag_count"
     out[f"background_{other_rule}"] = {

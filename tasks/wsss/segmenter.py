@@ -58,6 +58,15 @@ def converged_at(config: WSSSConfig, r: int, changed_share: float) -> bool:
     return r > 0 and changed_share < config.epsilon
 
 
+def round_model_config(config: WSSSConfig) -> WSSSConfig:
+    """``config`` for a round's own segmenter (not the run's final model): its class weights are
+    ``segmentation.rounds_class_balance``. Its output labels the next round's images, whose tags
+    already say which classes are there; weighting the rare ones up made them grow over what they
+    stand on from round to round (docs/benchmarks.md#the-segmenters-class-weights)."""
+    seg = config.segmentation
+    return config.model_copy(update={"segmentation": seg.model_copy(update={"class_balance": seg.rounds_class_balance})})
+
+
 def final_model_config(config: WSSSConfig, rounds: int) -> WSSSConfig:
     """``config`` for a segmenter trained from the start (``segmentation.encoder_init``) on one
     set of labels with the whole budget of ``rounds`` rounds: ``epochs`` (and ``max_seconds``)
