@@ -53,7 +53,7 @@ from tasks.wsss.classifier import train_image_classifier
 from tasks.wsss.crf import CRF_DEFAULTS
 from tasks.wsss.feature_cache import FEATURE_STAGE, feature_key
 from tasks.wsss.pipeline import foreground_on
-from tasks.wsss.segmenter import train_segmenter
+from tasks.wsss.segmenter import round_model_config, train_segmenter
 
 __all__ = ["bench_pipeline", "round_pass", "replicate_source", "Bench", "CASES"]
 
@@ -165,7 +165,7 @@ def round_pass(run_dir: str, config: WSSSConfig, ids: list[str] | None = None, t
     # 8. the segmenter on the pseudo-labels, on the benchmark's budget
     if train:
         with trainer("segmenter"):
-            train_segmenter(store, records, key, config, r=r, label_round=r)
+            train_segmenter(store, records, key, round_model_config(config), r=r, label_round=r)  # as the flow's round 0
     if crf:  # the classic refinement on the same images: round 0's CAM probabilities + dense CRF
         measured["cam_crf"], walls["cam_crf"] = measured_stage("cam_crf", shards, "cam+crf", records, run_dir=run_dir,
                                                                crf=CRF_DEFAULTS)
