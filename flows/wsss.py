@@ -266,10 +266,8 @@ def refresh_round(run_dir: str, round_index: int, config: WSSSConfig, feature_ke
                               mil_weight=config.mil.prior_weight, foreground=foreground)
         changed, ignored = label_shares(results)
         # 9. whether the rounds stop here and which round's labels are final (tasks.wsss.stopping, no mask)
-        before = (store.read_round(r - 1) or {}).get("tag_coverage") if r > 0 else None
-        decision = stopping.decide(config, r, changed, reverted_of(results), coverage_of(results), before,
-                                   implicit_background=store.classes().background is not None,
-                                   start=pl.start_name(foreground))
+        decision = stopping.decide(config, r, changed, reverted_of(results), coverage_of(results),
+                                   **decision_context(store, r, config, fg_on))
         # 8. correction: train the segmentation model on the pseudo-labels; the last round's
         # model (the run's final one) with the whole budget from the start, see final_model_config,
         # on the final round's labels (the round before, when this one oscillates)
@@ -337,6 +335,15 @@ def keep_round_inputs(store: Store, r: int, inputs: dict, config: WSSSConfig) ->
         store.write_round_inputs(r, inputs)
 
 
+def decision_context(store: Store, r: int, config: WSSSConfig, foreground_on: bool) -> dict:
+    """What round ``r``'s stopping decision reads beside its own figures (:func:`tasks.wsss.stopping.decide`'s
+    keywords): round r-1's tag coverage, whether the corpus has an implicit background, and what round 0
+    started from (the foreground path's start when ``foreground_on``)."""
+    return {"previous_coverage": (store.read_round(r - 1) or {}).get("tag_coverage") if r > 0 else None,
+            "implicit_background": store.classes().background is not None,
+            "start": pl.start_name(config.foreground if foreground_on else None)}
+
+
 def decide_again(store: Store, r: int, config: WSSSConfig, changed: list[str]) -> bool:
     """Round ``r``'s stopping decision taken again under ``config``'s rule from its record
     (:func:`tasks.wsss.stopping.decide_again`), the rule having changed since (``changed``, in
@@ -346,10 +353,8 @@ def decide_again(store: Store, r: int, config: WSSSConfig, changed: list[str]) -
     done = store.read_round(r)
     if not done or "stops_rounds" not in done:
         return False
-    decision = stopping.decide_again(config, r, done, store.read_round(r - 1) if r > 0 else None,
-                                     implicit_background=store.classes().background is not None,
-                                     start=pl.start_name(config.foreground if pl.foreground_on(store, config)[0]
-                                                         else None))
+    decision = stopping.decide_again(config, r, done,
+                                     **decision_context(store, r, config, pl.foreground_on(store, config)[0]))
     if decision is None or (decision.stop, decision.final_round) != (done["stops_rounds"], done["final_round"]):
         return False
     store.write_round(r, done | decision.record())

@@ -148,12 +148,11 @@ def decide(config: WSSSConfig, r: int, changed: float, reverted_share: float, co
     return Decision(r, False, r, None, converged=False, **keep)
 
 
-def decide_again(config: WSSSConfig, r: int, done: dict, previous: dict | None, implicit_background: bool = False,
-                 start: str = "the CAM labels") -> Decision | None:
+def decide_again(config: WSSSConfig, r: int, done: dict, previous_coverage: float | None = None,
+                 implicit_background: bool = False, start: str = "the CAM labels") -> Decision | None:
     """Round ``r``'s decision taken again under ``config``'s rule from its record ``done`` (its
-    changed share, reverted fraction and tag coverage) and round r-1's (``previous``, for its
-    coverage), as :func:`decide` took it when the round ran; None where the record lacks them (an
-    older wsseg's).
+    changed share, reverted fraction and tag coverage), with :func:`decide`'s other arguments as
+    when the round ran; None where the record lacks them (an older wsseg's).
 
     >>> done = {"changed_share": 0.05, "reverted_fraction": 0.6, "tag_coverage": -1.2}
     >>> decide_again(WSSSConfig(stopping="budget", max_rounds=3), 1, done, None).stop
@@ -165,4 +164,4 @@ def decide_again(config: WSSSConfig, r: int, done: dict, previous: dict | None, 
         return None
     changed = float(done["changed_share"])
     return decide(config, r, changed, float(done["reverted_fraction"] or 0.0) * changed, done.get("tag_coverage"),
-                  (previous or {}).get("tag_coverage"), implicit_background=implicit_background, start=start)
+                  previous_coverage, implicit_background=implicit_background, start=start)
