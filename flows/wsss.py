@@ -308,13 +308,23 @@ def keep_round_inputs(store: Store, r: int, inputs: dict, config: WSSSConfig) ->
     leaves round 0 whole (:func:`tasks.corpus.resume.round_view`). A change of the stopping rule
     alone (:data:`tasks.config.DECISION_ONLY`; ``config``: the run's today) takes a finished round's
     decision again from its record: where it stands the round is kept whole, its record saying
-    the new rule's reason (:func:`decide_again`). An unfinished round without a record (one sharing
+    the new rule's reason (:func:`decide_again`). A change of what the final model alone reads
+    (:data:`tasks.config.FINAL_MODEL_ONLY`) keeps every finished round that did not stop the rounds
+    whole; the last one's model is trained again. An unfinished round without a record (one sharing
     another run's round-0 arrays, as the ablations do) is resumed. The inputs are then recorded."""
     recorded = store.round_inputs(r)
     if recorded is None and store.read_round(r) is None:
         changed = []
     else:
         changed = resume.what_changed(resume.round_view(recorded, r), resume.round_view(inputs, r))
+    done = store.read_round(r) if changed and recorded is not None else None
+    if (done and done.get("stops_rounds") is False and store.has_checkpoint("segmenter", r)
+            and not resume.what_changed(resume.round_view(recorded, r, "round_model"),
+                                        resume.round_view(inputs, r, "round_model"))):
+        store.write_round_inputs(r, inputs)  # not the last round: its segmenter reads none of what changed
+        Progress(f"r{r}", 1).message(f"{'; '.join(changed)} changed since round {r} was computed: it acts on the "
+                                     "final model only; this round is kept")
+        return
     if (changed and recorded is not None
             and not resume.what_changed(resume.round_view(recorded, r, "computed"),
                                         resume.round_view(inputs, r, "computed"))

@@ -2,6 +2,7 @@
 so Prefect shows and records it with each flow run and MLflow logs it with each round."""
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
@@ -215,6 +216,11 @@ class SegmentationConfig(BaseModel):
         "the same for the rounds' own segmenters (all but the final model), whose output labels the next "
         "round's tagged images; 0 = unweighted: weighted, the small classes grew over what they stand on from "
         "round to round (both were 0.5 until 2026-12-05), see docs/benchmarks.md#the-segmenters-class-weights"))
+    boundary_ignore: int = Field(3, ge=0, description=(
+        "the final model's loss leaves out the pseudo-label pixels within this many pixels of a boundary "
+        "between two labels (where a pseudo-label is least right; the network's own edges decide there); the "
+        "rounds' segmenters and bench quality's supervised reference (masks) learn every pixel; 0 = off (before "
+        "2026-12-05), see docs/benchmarks.md#the-final-models-label-boundaries"))
     use_edges: bool = Field(True, description="feed the feature-region map as a 4th input channel")
     finetune: bool = Field(True, description="start round r from model r-1")
     final_model: Literal["full_budget", "finetune"] = Field("full_budget", description=(
@@ -359,6 +365,11 @@ MODEL_ONLY = ("segmentation", "epsilon", "stopping")
 # a run resumed with another value decides the round again and keeps its model where the decision
 # stands (flows.wsss.keep_round_inputs)
 DECISION_ONLY = ("epsilon", "stopping")
+# Of those, what acts only on the run's final model (the last round's), not on the rounds' own
+# segmenters (tasks.wsss.segmenter.round_model_config), whose output the next round starts from:
+# a run resumed with another value keeps every round before the last whole and trains the final
+# model again (flows.wsss.keep_round_inputs)
+FINAL_MODEL_ONLY = ("segmentation.class_balance", "segmentation.boundary_ignore")
 FROM_ROUND_1 = ("prelim_normalize", "prior_weight", "prior_source")
 # How the image classifier's maps are read into round 0's preliminary result, not how it is
 # trained: another value computes round 0 again but keeps the trained classifier
@@ -369,6 +380,14 @@ CAM_READING = ("cam_scales", "cam_mode", "cam_temperature", "cam_centring", "bac
 
 _MISSING = object()
 
+@dataclass(frozen=True)
+class SameAs:
+    """The value an added option had before it existed: the recorded value of ``option``, another
+    option of the same section (``segmentation.rounds_class_balance`` split off ``class_balance``)."""
+
+    option: str
+
+
 #: Options added after run directories were first recorded, each with the value that does what
 #: wsseg did before it existed. A recorded configuration (an older wsseg's) that lacks one of these
 #: holds that value: no change while today's value is it, so upgrading wsseg does not reprocess a
@@ -377,18 +396,56 @@ _MISSING = object()
 #: recomputed with 'labels', today's default. Any other option a record lacks is a change.
 ADDED_OPTIONS: dict[str, Any] = {"classifier.cam_centring": 1.0, "train_images": None, "prior_source": "cam",
                                  "classifier.background_rule": "constant",
-                                 "segmentation.rounds_class_balance": 0.5}
+                                 "segmentation.rounds_class_balance": SameAs("class_balance"),
+                                 "segmentation.boundary_ignore": 0}
 
 
-def _differs(previous: Any, current: Any, path: str) -> bool:
-    """Whether a recorded configuration value (at dotted ``path``) differs from today's; an
-    :data:`ADDED_OPTIONS` field the record lacks holds its value from before the option existed."""
+def _before(path: str, section: dict | None) -> Any:
+    """The value of added option ``path`` (:data:`ADDED_OPTIONS`) in a record that lacks it, whose
+    section (the dict holding it) is ``section``; ``_MISSING`` where it has none."""
+    if path not in ADDED_OPTIONS:
+        return _MISSING
+    value = ADDED_OPTIONS[path]
+    return (section or {}).get(value.option, _MISSING) if isinstance(value, SameAs) else value
+
+
+def _differs(previous: Any, current: Any, path: str, section: dict | None = None) -> bool:
+    """Whether a recorded configuration value (at dotted ``path``, in the recorded ``section``)
+    differs from today's; an :data:`ADDED_OPTIONS` field the record lacks holds its value from
+    before the option existed.
+
+    >>> _differs({"class_balance": 0.0}, {"class_balance": 0.0, "rounds_class_balance": 0.0}, "segmentation")
+    False
+    >>> _differs({"class_balance": 0.5}, {"class_balance": 0.5, "rounds_class_balance": 0.0}, "segmentation")
+    True
+    """
     if previous is _MISSING:
-        return path not in ADDED_OPTIONS or current != ADDED_OPTIONS[path]
+        before = _before(path, section)
+        return before is _MISSING or current != before
     if isinstance(previous, dict) and isinstance(current, dict):
-        return any(_differs(previous.get(k, _MISSING), current.get(k, _MISSING), f"{path}.{k}" if path else k)
-                   for k in set(previous) | set(current))
+        return any(_differs(previous.get(k, _MISSING), current.get(k, _MISSING), f"{path}.{k}" if path else k,
+                            previous) for k in set(previous) | set(current))
     return previous != current
+
+
+def with_added_options(record: dict) -> dict:
+    """A recorded configuration (as JSON) with every :data:`ADDED_OPTIONS` option its sections lack
+    set to its value from before it existed, so that a part of it can be left out
+    (:func:`tasks.corpus.resume.round_view`) without losing what another option stood for.
+
+    >>> with_added_options({"segmentation": {"class_balance": 0.0}})["segmentation"]
+    {'class_balance': 0.0, 'rounds_class_balance': 0.0, 'boundary_ignore': 0}
+    """
+    out = dict(record)
+    for path in ADDED_OPTIONS:
+        head, _, leaf = path.rpartition(".")
+        section = out.get(head) if head else out
+        if isinstance(section, dict) and leaf not in section:
+            before = _before(path, section)
+            if before is not _MISSING:
+                section = {**section, leaf: before}
+                out = {**out, head: section} if head else section
+    return out
 
 
 def changed_fields(previous: dict, current: dict) -> list[str]:

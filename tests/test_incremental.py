@@ -427,3 +427,23 @@ def test_another_stopping_rule_decides_the_finished_rounds_again(tmp_path, prefe
     assert "changed since round 1 was computed: its pseudo-labels do not depend on it and are kept" in said
     assert store.finished_rounds() == [0, 1, 2] and back["final_round"] == 2
     assert store.model_meta("segmenter", 1)["trained_on"]["init_round"] == 0 and weights(1) == seg.rounds_class_balance
+
+    # what only the final model reads (its class weights, its label boundaries' band): every round
+    # before the last is kept whole; the last keeps its labels and trains its model again
+    capfd.readouterr()
+    kept = {r: stamps(r) for r in (0, 1, 2)}
+    final_seg = seg.model_copy(update={"class_balance": 0.25, "boundary_ignore": seg.boundary_ignore + 2})
+    tuned = _train(run, config.model_copy(update={"segmentation": final_seg}))
+    said = capfd.readouterr().err
+    for r in (0, 1):
+        assert f"changed since round {r} was computed: it acts on the final model only; this round is kept" in said
+        assert stamps(r) == kept[r]
+    assert "changed since round 2 was computed: its pseudo-labels do not depend on it and are kept; its model is " \
+           "computed again" in said
+    after = stamps(2)
+    assert {k: v for k, v in after.items() if "model" not in k} == {k: v for k, v in kept[2].items()
+                                                                   if "model" not in k}
+    assert after["model.pt"] != kept[2]["model.pt"] and tuned["final_round"] == 2
+    final_recipe = store.model_meta("segmenter", 2)["trained_on"]["segmentation"]
+    assert (final_recipe["class_balance"], final_recipe["boundary_ignore"]) == (0.25, seg.boundary_ignore + 2)
+    assert "boundary_ignore" not in store.model_meta("segmenter", 1)["trained_on"]["segmentation"]  # a round's: no band

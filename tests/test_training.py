@@ -411,3 +411,36 @@ def test_image_class_probs_average_scales_and_flips():
     with torch.no_grad():
         want = torch.sigmoid(torch.cat([model(x), model(x.flip(-1))])).mean(0).numpy()
     np.testing.assert_allclose(tr.image_class_probs(model, image), want, rtol=1e-5)
+
+
+def test_the_final_model_leaves_a_band_along_its_pseudo_labels_boundaries_out(tmp_path):
+    """segmentation.boundary_ignore: a pseudo-label's pixels within the band's width of another
+    label are ignored, all others kept as they are; the masks (the supervised reference) keep
+    every pixel. Real masks of the sample stand in for a round's pseudo-labels."""
+    from scipy import ndimage as ndi
+
+    from tasks.store import ImageRecord
+    from tasks.wsss.segmenter import LabelLoader
+
+    store = Store(tmp_path / "run")
+    for iid in IDS:
+        image = load_image(SAMPLE / "images" / f"{iid}.jpg")
+        store.put_mask(iid, load_mask(SAMPLE / "masks" / f"{iid}.png", image.shape[:2]))
+        store.write_pseudo(0, iid, store.mask(iid))
+    records = [ImageRecord(iid, *store.mask(iid).shape, (), "0" * 64, "train", "", True) for iid in IDS]
+    width, banded_images = 3, 0
+    banded = LabelLoader(store, records, "k", 0, boundary_ignore=width)
+    for i, iid in enumerate(IDS):
+        label, got = store.pseudo(0, iid), banded.label(i)
+        kept = got != tr.IGNORE
+        assert np.array_equal(got[kept], label[kept])
+        # a pixel is ignored exactly where another label (ignore included) lies within `width`
+        for c in np.unique(label[label != tr.IGNORE]):
+            others = label != c
+            near = ndi.binary_dilation(others, structure=np.ones((2 * width + 1,) * 2, bool))
+            assert not (kept & (label == c) & near).any()
+            assert (kept | (label != c) | near).all()
+        banded_images += int(not kept.all())
+        assert np.array_equal(LabelLoader(store, records, "k", None, boundary_ignore=width).label(i), store.mask(iid))
+        assert np.array_equal(LabelLoader(store, records, "k", 0).label(i), label)  # 0: every pixel
+    assert banded_images == 3  # three of the four masks have boundaries (1_1_s is grass alone)

@@ -21,7 +21,8 @@ from __future__ import annotations
 
 from typing import Sequence
 
-from tasks.config import DECISION_ONLY, FROM_ROUND_1, MODEL_ONLY, NOT_IN_ROUNDS, WSSSConfig, changed_fields, in_effect
+from tasks.config import (DECISION_ONLY, FINAL_MODEL_ONLY, FROM_ROUND_1, MODEL_ONLY, NOT_IN_ROUNDS, WSSSConfig,
+                          changed_fields, in_effect, with_added_options)
 from tasks.store import ClassSpec, ImageRecord, corpus_hash
 
 
@@ -58,15 +59,20 @@ def round_inputs(classes: ClassSpec, records: Sequence[ImageRecord] | dict, conf
 def round_view(inputs: dict | None, r: int, part: str = "model") -> dict | None:
     """The part of round ``r``'s inputs (:func:`round_inputs`) that its ``part`` depends on:
     ``"model"``, the round as a whole (its labels, model and stopping decision), ``"labels"``,
-    its pseudo-labels alone (without :data:`tasks.config.MODEL_ONLY`), or ``"computed"``, its
+    its pseudo-labels alone (without :data:`tasks.config.MODEL_ONLY`), ``"computed"``, its
     labels and model without the rule of its decision (:data:`tasks.config.DECISION_ONLY`), which
-    its record lets be taken again. Round 0 depends on no part of :data:`tasks.config.FROM_ROUND_1`.
+    its record lets be taken again, or ``"round_model"``, the round as a round that is not the
+    last (without :data:`tasks.config.FINAL_MODEL_ONLY`, which its own segmenter does not read).
+    Round 0 depends on no part of :data:`tasks.config.FROM_ROUND_1`.
 
     >>> inputs = {"config": {"seed": 0, "segmentation": {"epochs": 3}, "prior_weight": 0.5, "epsilon": 0.02}}
     >>> round_view(inputs, 0)["config"], round_view(inputs, 1, "labels")["config"]
     ({'seed': 0, 'segmentation': {'epochs': 3}, 'epsilon': 0.02}, {'seed': 0, 'prior_weight': 0.5})
     >>> round_view(inputs, 1, "computed")["config"]
     {'seed': 0, 'segmentation': {'epochs': 3}, 'prior_weight': 0.5}
+    >>> weighted = {"config": {"segmentation": {"epochs": 3, "class_balance": 0.5}}}
+    >>> round_view(weighted, 1, "round_model")["config"]["segmentation"]
+    {'epochs': 3, 'rounds_class_balance': 0.5}
 
     ``classifier.background_rule`` counts only on a corpus with an implicit background:
 
@@ -78,11 +84,17 @@ def round_view(inputs: dict | None, r: int, part: str = "model") -> dict | None:
     """
     if inputs is None:
         return None
-    if part not in ("model", "labels", "computed"):
-        raise ValueError(f"part must be 'model', 'labels' or 'computed', got {part!r}")
+    if part not in ("model", "labels", "computed", "round_model"):
+        raise ValueError(f"part must be 'model', 'labels', 'computed' or 'round_model', got {part!r}")
     left_out = ((FROM_ROUND_1 if r == 0 else ()) + (MODEL_ONLY if part == "labels" else ())
                 + (DECISION_ONLY if part == "computed" else ()))
     config = {k: v for k, v in (inputs.get("config") or {}).items() if k not in left_out}
+    if part == "round_model":  # an older record's added options first: rounds_class_balance reads class_balance
+        config = with_added_options(config)
+        for path in FINAL_MODEL_ONLY:
+            head, _, leaf = path.partition(".")
+            if isinstance(config.get(head), dict):
+                config[head] = {k: v for k, v in config[head].items() if k != leaf}
     return {**inputs, "config": in_effect(config, (inputs.get("classes") or {}).get("background") is not None)}
 
 

@@ -6,6 +6,7 @@ from __future__ import annotations
 from typing import Callable
 
 import numpy as np
+from scipy import ndimage as ndi
 
 from models.small import load_encoder_from
 from tasks.common import training as tr
@@ -17,18 +18,40 @@ from tasks.store.checkpoints import initial_weights
 from tasks.wsss.feature_cache import load_edges
 
 
+def ignore_boundaries(label: np.ndarray, width: int) -> np.ndarray:
+    """``label`` with every pixel whose square window of ``width`` pixels each way holds another
+    label (ignore included) set to the ignore label: a band of ``2 * width`` pixels along every
+    boundary between labels is left out of the loss.
+
+    >>> ignore_boundaries(np.array([[0, 0, 0, 1, 1, 1]], np.uint8), 1).tolist()
+    [[0, 0, 255, 255, 1, 1]]
+    """
+    if width <= 0:
+        return label
+    size = 2 * width + 1
+    out = label.copy()
+    near = ndi.maximum_filter(label, size=size, mode="nearest") != ndi.minimum_filter(label, size=size, mode="nearest")
+    out[near] = tr.IGNORE
+    return out
+
+
 class LabelLoader:
     """(image, edge map, label map) with labels from a round's pseudo-labels (``round_index``) or
-    the masks (``round_index=None``); picklable for DataLoader workers."""
+    the masks (``round_index=None``), the pseudo-labels' boundaries widened into an ignored band of
+    ``boundary_ignore`` pixels each way (:func:`ignore_boundaries`); picklable for DataLoader workers."""
 
-    def __init__(self, store: Store | str, records: list[ImageRecord], feature_key: str, round_index: int | None):
+    def __init__(self, store: Store | str, records: list[ImageRecord], feature_key: str, round_index: int | None,
+                 boundary_ignore: int = 0):
         self.root = str(store.root if isinstance(store, Store) else store)
         self.records, self.key, self.round = records, feature_key, round_index
+        self.boundary_ignore = boundary_ignore if round_index is not None else 0
 
     def label(self, i: int, store: Store | None = None) -> np.ndarray:
         store = store or Store(self.root)
         rec = self.records[i]
-        return store.mask(rec.image_id) if self.round is None else store.pseudo(self.round, rec.image_id)
+        if self.round is None:
+            return store.mask(rec.image_id)
+        return ignore_boundaries(store.pseudo(self.round, rec.image_id), self.boundary_ignore)
 
     def class_counts(self, n_classes: int) -> np.ndarray:
         """(n_classes,) labelled pixels of each class over all records (ignore excluded)."""
@@ -62,9 +85,11 @@ def round_model_config(config: WSSSConfig) -> WSSSConfig:
     """``config`` for a round's own segmenter (not the run's final model): its class weights are
     ``segmentation.rounds_class_balance``. Its output labels the next round's images, whose tags
     already say which classes are there; weighting the rare ones up made them grow over what they
-    stand on from round to round (docs/benchmarks.md#the-segmenters-class-weights)."""
+    stand on from round to round (docs/benchmarks.md#the-segmenters-class-weights). It learns every
+    pixel of its labels (no ``boundary_ignore``): its output is the next round's start."""
     seg = config.segmentation
-    return config.model_copy(update={"segmentation": seg.model_copy(update={"class_balance": seg.rounds_class_balance})})
+    return config.model_copy(update={"segmentation": seg.model_copy(update={"class_balance": seg.rounds_class_balance,
+                                                                            "boundary_ignore": 0})})
 
 
 def final_model_config(config: WSSSConfig, rounds: int) -> WSSSConfig:
@@ -85,14 +110,17 @@ def training_recipe(store: Store, records: list[ImageRecord], classes: ClassSpec
     """What a segmenter checkpoint is trained from, recorded in it (``meta["trained_on"]``): the
     corpus, classes, features (the edge channel), the labels (round ``label_round``'s, identified
     by what its pseudo-labels were computed from, :func:`tasks.corpus.resume.round_view`; None: the
-    masks), the round it fine-tunes, the segmentation settings (epochs included) and the seed."""
+    masks), the round it fine-tunes, the segmentation settings (epochs included; ``boundary_ignore`` only
+    where it leaves a band out of pseudo-labels) and the seed."""
     labels = "masks"
     if label_round is not None:
         inputs = resume.round_view(store.round_inputs(label_round), label_round, "labels")
         labels = f"round {label_round} " + (params_key(inputs) if inputs is not None else "(not recorded)")
+    seg = config.segmentation.model_dump(mode="json")
+    if label_round is None or not seg.get("boundary_ignore"):
+        seg.pop("boundary_ignore", None)  # no band (the masks have none): a checkpoint of before the option holds
     return {"corpus": resume.corpus_hash(records), "classes": list(classes.names), "features": feature_key,
-            "labels": labels, "init_round": init_round, "segmentation": config.segmentation.model_dump(mode="json"),
-            "seed": config.seed}
+            "labels": labels, "init_round": init_round, "segmentation": seg, "seed": config.seed}
 
 
 def recipe_changes(recorded: dict | None, recipe: dict) -> list[str]:
@@ -148,7 +176,7 @@ def train_segmenter(store: Store, records: list[ImageRecord], feature_key: str, 
         clf, _ = store.read_model("classifier")
         if load_encoder_from(model, clf):
             start = "the image classifier's encoder"
-    labels = LabelLoader(store, records, feature_key, label_round)
+    labels = LabelLoader(store, records, feature_key, label_round, s.boundary_ignore)
     if getattr(model, "needs_global_context", False):
         # global-local: crops of the network's patch size, each with its whole image's coarse view and box
         ds = tr.ContextDataset(len(records), labels, tr.Augment(crop=model.patch_size), seed=config.seed + r,
