@@ -219,8 +219,12 @@ class SegmentationConfig(BaseModel):
     boundary_ignore: int = Field(3, ge=0, description=(
         "the final model's loss leaves out the pseudo-label pixels within this many pixels of a boundary "
         "between two labels (where a pseudo-label is least right; the network's own edges decide there); the "
-        "rounds' segmenters and bench quality's supervised reference (masks) learn every pixel; 0 = off (before "
+        "rounds' segmenters (rounds_boundary_ignore) and bench quality's supervised reference (masks) learn every "
+        "pixel; 0 = off (before "
         "2026-12-05), see docs/benchmarks.md#the-final-models-label-boundaries"))
+    rounds_boundary_ignore: int = Field(0, ge=0, description=(
+        "the same band for the rounds' own segmenters (all but the final model), whose output is the next "
+        "round's start; 0 = every pixel, see docs/benchmarks.md#the-final-models-label-boundaries"))
     use_edges: bool = Field(True, description="feed the feature-region map as a 4th input channel")
     finetune: bool = Field(True, description="start round r from model r-1")
     final_model: Literal["full_budget", "finetune"] = Field("full_budget", description=(
@@ -397,7 +401,7 @@ class SameAs:
 ADDED_OPTIONS: dict[str, Any] = {"classifier.cam_centring": 1.0, "train_images": None, "prior_source": "cam",
                                  "classifier.background_rule": "constant",
                                  "segmentation.rounds_class_balance": SameAs("class_balance"),
-                                 "segmentation.boundary_ignore": 0}
+                                 "segmentation.boundary_ignore": 0, "segmentation.rounds_boundary_ignore": 0}
 
 
 def _before(path: str, section: dict | None) -> Any:
@@ -428,13 +432,24 @@ def _differs(previous: Any, current: Any, path: str, section: dict | None = None
     return previous != current
 
 
+def recorded_differs(previous: Any, current: Any, path: str) -> bool:
+    """Whether a value recorded as JSON (a checkpoint's recipe, say) at dotted ``path`` of
+    :class:`WSSSConfig` differs from today's, an :data:`ADDED_OPTIONS` option the record lacks
+    holding its value from before it existed.
+
+    >>> recorded_differs({"epochs": 3}, {"epochs": 3, "rounds_boundary_ignore": 0}, "segmentation")
+    False
+    """
+    return _differs(previous, current, path)
+
+
 def with_added_options(record: dict) -> dict:
     """A recorded configuration (as JSON) with every :data:`ADDED_OPTIONS` option its sections lack
     set to its value from before it existed, so that a part of it can be left out
     (:func:`tasks.corpus.resume.round_view`) without losing what another option stood for.
 
     >>> with_added_options({"segmentation": {"class_balance": 0.0}})["segmentation"]
-    {'class_balance': 0.0, 'rounds_class_balance': 0.0, 'boundary_ignore': 0}
+    {'class_balance': 0.0, 'rounds_class_balance': 0.0, 'boundary_ignore': 0, 'rounds_boundary_ignore': 0}
     """
     out = dict(record)
     for path in ADDED_OPTIONS:

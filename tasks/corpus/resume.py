@@ -72,7 +72,7 @@ def round_view(inputs: dict | None, r: int, part: str = "model") -> dict | None:
     {'seed': 0, 'segmentation': {'epochs': 3}, 'prior_weight': 0.5}
     >>> weighted = {"config": {"segmentation": {"epochs": 3, "class_balance": 0.5}}}
     >>> round_view(weighted, 1, "round_model")["config"]["segmentation"]
-    {'epochs': 3, 'rounds_class_balance': 0.5}
+    {'epochs': 3, 'rounds_class_balance': 0.5, 'rounds_boundary_ignore': 0}
 
     ``classifier.background_rule`` counts only on a corpus with an implicit background:
 

@@ -10,7 +10,7 @@ from scipy import ndimage as ndi
 
 from models.small import load_encoder_from
 from tasks.common import training as tr
-from tasks.config import WSSSConfig
+from tasks.config import WSSSConfig, recorded_differs
 from tasks.corpus import resume
 from tasks.runtime.progress import Progress
 from tasks.store import ClassSpec, ImageRecord, Store, build_network, params_key
@@ -85,11 +85,12 @@ def round_model_config(config: WSSSConfig) -> WSSSConfig:
     """``config`` for a round's own segmenter (not the run's final model): its class weights are
     ``segmentation.rounds_class_balance``. Its output labels the next round's images, whose tags
     already say which classes are there; weighting the rare ones up made them grow over what they
-    stand on from round to round (docs/benchmarks.md#the-segmenters-class-weights). It learns every
-    pixel of its labels (no ``boundary_ignore``): its output is the next round's start."""
+    stand on from round to round (docs/benchmarks.md#the-segmenters-class-weights). Its labels'
+    boundary band is ``segmentation.rounds_boundary_ignore`` (0: every pixel), its output being the
+    next round's start."""
     seg = config.segmentation
     return config.model_copy(update={"segmentation": seg.model_copy(update={"class_balance": seg.rounds_class_balance,
-                                                                            "boundary_ignore": 0})})
+                                                                            "boundary_ignore": seg.rounds_boundary_ignore})})
 
 
 def final_model_config(config: WSSSConfig, rounds: int) -> WSSSConfig:
@@ -131,10 +132,17 @@ def recipe_changes(recorded: dict | None, recipe: dict) -> list[str]:
     ['seed']
     >>> recipe_changes(None, {"seed": 0})
     ['recipe (not recorded)']
+
+    The segmentation settings of a checkpoint of before an option existed hold its value then
+    (:data:`tasks.config.ADDED_OPTIONS`):
+
+    >>> recipe_changes({"segmentation": {"epochs": 9}}, {"segmentation": {"epochs": 9, "rounds_boundary_ignore": 0}})
+    []
     """
     if recorded is None:
         return ["recipe (not recorded)"]
-    return [k for k in recipe if recorded.get(k) != recipe[k]]
+    return [k for k in recipe if (recorded_differs(recorded.get(k, {}), recipe[k], k) if k == "segmentation"
+                                  else recorded.get(k) != recipe[k])]
 
 
 def train_segmenter(store: Store, records: list[ImageRecord], feature_key: str, config: WSSSConfig, *, r: int,
