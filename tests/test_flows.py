@@ -66,10 +66,16 @@ def _end_to_end(tmp_path, cluster, mlflow):
     # the Prefect dashboard names each flow run after what it did and its run directory, and each
     # shard task after its round, stage and images
     from prefect.client.orchestration import get_client
+    from prefect.client.schemas.filters import FlowRunFilter, FlowRunFilterName, TaskRunFilter, TaskRunFilterName
 
-    with get_client(sync_client=True) as client:
-        flow_names = {f.name for f in client.read_flow_runs()}
-        task_names = {t.name for t in client.read_task_runs()}
+    flows_wanted = ["run/ingest", "run/train-wsss", "run/round-0", "run/round-1"]
+    tasks_wanted = [f"round-1/pseudo-labels {E2E_IDS[8]}..{E2E_IDS[15]} (8 images)",
+                    f"features {E2E_IDS[0]}..{E2E_IDS[7]} (8 images)"]
+    with get_client(sync_client=True) as client:  # by name: the session's server holds every test's runs
+        flow_names = {f.name for f in client.read_flow_runs(
+            flow_run_filter=FlowRunFilter(name=FlowRunFilterName(any_=flows_wanted)))}
+        task_names = {t.name for t in client.read_task_runs(
+            task_run_filter=TaskRunFilter(name=TaskRunFilterName(any_=tasks_wanted)))}
     assert {"run/ingest", "run/train-wsss", "run/round-0", "run/round-1"} <= flow_names, flow_names
     assert f"round-1/pseudo-labels {E2E_IDS[8]}..{E2E_IDS[15]} (8 images)" in task_names, sorted(task_names)[:20]
     assert f"features {E2E_IDS[0]}..{E2E_IDS[7]} (8 images)" in task_names, sorted(task_names)[:20]
