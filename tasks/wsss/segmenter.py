@@ -81,6 +81,12 @@ def converged_at(config: WSSSConfig, r: int, changed_share: float) -> bool:
     return r > 0 and changed_share < config.epsilon
 
 
+#: Segmentation settings that only say what a round's own segmenter is trained with:
+#: :func:`round_model_config` puts them in place of ``class_balance`` and ``boundary_ignore``, so a
+#: checkpoint's recipe records those and a change of these retrains no final or supervised model
+ROUNDS_ONLY = ("rounds_class_balance", "rounds_boundary_ignore")
+
+
 def round_model_config(config: WSSSConfig) -> WSSSConfig:
     """``config`` for a round's own segmenter (not the run's final model): its class weights are
     ``segmentation.rounds_class_balance``. Its output labels the next round's images, whose tags
@@ -89,8 +95,8 @@ def round_model_config(config: WSSSConfig) -> WSSSConfig:
     boundary band is ``segmentation.rounds_boundary_ignore`` (0: every pixel), its output being the
     next round's start."""
     seg = config.segmentation
-    return config.model_copy(update={"segmentation": seg.model_copy(update={"class_balance": seg.rounds_class_balance,
-                                                                            "boundary_ignore": seg.rounds_boundary_ignore})})
+    own = {"class_balance": seg.rounds_class_balance, "boundary_ignore": seg.rounds_boundary_ignore}
+    return config.model_copy(update={"segmentation": seg.model_copy(update=own)})
 
 
 def final_model_config(config: WSSSConfig, rounds: int) -> WSSSConfig:
@@ -111,13 +117,14 @@ def training_recipe(store: Store, records: list[ImageRecord], classes: ClassSpec
     """What a segmenter checkpoint is trained from, recorded in it (``meta["trained_on"]``): the
     corpus, classes, features (the edge channel), the labels (round ``label_round``'s, identified
     by what its pseudo-labels were computed from, :func:`tasks.corpus.resume.round_view`; None: the
-    masks), the round it fine-tunes, the segmentation settings (epochs included; ``boundary_ignore`` only
-    where it leaves a band out of pseudo-labels) and the seed."""
+    masks), the round it fine-tunes, the segmentation settings it is trained with (epochs included;
+    ``boundary_ignore`` only where it leaves a band out of pseudo-labels; not :data:`ROUNDS_ONLY`,
+    which :func:`round_model_config` has put in their place for a round's own segmenter) and the seed."""
     labels = "masks"
     if label_round is not None:
         inputs = resume.round_view(store.round_inputs(label_round), label_round, "labels")
         labels = f"round {label_round} " + (params_key(inputs) if inputs is not None else "(not recorded)")
-    seg = config.segmentation.model_dump(mode="json")
+    seg = {k: v for k, v in config.segmentation.model_dump(mode="json").items() if k not in ROUNDS_ONLY}
     if label_round is None or not seg.get("boundary_ignore"):
         seg.pop("boundary_ignore", None)  # no band (the masks have none): a checkpoint of before the option holds
     return {"corpus": resume.corpus_hash(records), "classes": list(classes.names), "features": feature_key,
@@ -136,13 +143,19 @@ def recipe_changes(recorded: dict | None, recipe: dict) -> list[str]:
     The segmentation settings of a checkpoint of before an option existed hold its value then
     (:data:`tasks.config.ADDED_OPTIONS`):
 
-    >>> recipe_changes({"segmentation": {"epochs": 9}}, {"segmentation": {"epochs": 9, "rounds_boundary_ignore": 0}})
+    >>> recipe_changes({"segmentation": {"epochs": 9}}, {"segmentation": {"epochs": 9, "boundary_ignore": 0}})
+    []
+    >>> recipe_changes({"segmentation": {"epochs": 9, "rounds_class_balance": 0.5}}, {"segmentation": {"epochs": 9}})
     []
     """
     if recorded is None:
         return ["recipe (not recorded)"]
-    return [k for k in recipe if (recorded_differs(recorded.get(k, {}), recipe[k], k) if k == "segmentation"
-                                  else recorded.get(k) != recipe[k])]
+    def differs(k: str) -> bool:
+        if k != "segmentation":
+            return recorded.get(k) != recipe[k]
+        return recorded_differs({s: v for s, v in recorded.get(k, {}).items() if s not in ROUNDS_ONLY}, recipe[k], k)
+
+    return [k for k in recipe if differs(k)]
 
 
 def train_segmenter(store: Store, records: list[ImageRecord], feature_key: str, config: WSSSConfig, *, r: int,
