@@ -220,8 +220,7 @@ class SegmentationConfig(BaseModel):
         "the final model's loss leaves out the pseudo-label pixels within this many pixels of a boundary "
         "between two labels (where a pseudo-label is least right; the network's own edges decide there); the "
         "rounds' segmenters (rounds_boundary_ignore) and bench quality's supervised reference (masks) learn every "
-        "pixel; 0 = off (before "
-        "2026-12-05), see docs/benchmarks.md#the-final-models-label-boundaries"))
+        "pixel; 0 = off (before 2026-12-05), see docs/benchmarks.md#the-final-models-label-boundaries"))
     rounds_boundary_ignore: int = Field(0, ge=0, description=(
         "the same band for the rounds' own segmenters (all but the final model), whose output is the next "
         "round's start; 0 = every pixel, see docs/benchmarks.md#the-final-models-label-boundaries"))
