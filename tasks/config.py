@@ -368,11 +368,14 @@ MODEL_ONLY = ("segmentation", "epsilon", "stopping")
 # a run resumed with another value decides the round again and keeps its model where the decision
 # stands (flows.wsss.keep_round_inputs)
 DECISION_ONLY = ("epsilon", "stopping")
-# Of those, what acts only on the run's final model (the last round's), not on the rounds' own
-# segmenters (tasks.wsss.segmenter.round_model_config), whose output the next round starts from:
-# a run resumed with another value keeps every round before the last whole and trains the final
+# The segmentation settings that the run's final model (the last round's) and the rounds' own
+# segmenters take from fields of their own: the final model's field -> the rounds' field
+# (tasks.wsss.segmenter.round_model_config puts the rounds' value in the final model's place).
+ROUND_SETTINGS = {"class_balance": "rounds_class_balance", "boundary_ignore": "rounds_boundary_ignore"}
+# So the final model's fields act only on the final model, whose output no round starts from: a
+# run resumed with another value keeps every round before the last whole and trains the final
 # model again (flows.wsss.keep_round_inputs)
-FINAL_MODEL_ONLY = ("segmentation.class_balance", "segmentation.boundary_ignore")
+FINAL_MODEL_ONLY = tuple(f"segmentation.{k}" for k in ROUND_SETTINGS)
 FROM_ROUND_1 = ("prelim_normalize", "prior_weight", "prior_source")
 # How the image classifier's maps are read into round 0's preliminary result, not how it is
 # trained: another value computes round 0 again but keeps the trained classifier

@@ -10,7 +10,7 @@ from scipy import ndimage as ndi
 
 from models.small import load_encoder_from
 from tasks.common import training as tr
-from tasks.config import WSSSConfig, recorded_differs
+from tasks.config import ROUND_SETTINGS, WSSSConfig, recorded_differs
 from tasks.corpus import resume
 from tasks.runtime.progress import Progress
 from tasks.store import ClassSpec, ImageRecord, Store, build_network, params_key
@@ -44,7 +44,7 @@ class LabelLoader:
                  boundary_ignore: int = 0):
         self.root = str(store.root if isinstance(store, Store) else store)
         self.records, self.key, self.round = records, feature_key, round_index
-        self.boundary_ignore = boundary_ignore if round_index is not None else 0
+        self.boundary_ignore = boundary_ignore  # pseudo-labels only: the masks are right up to the boundary
 
     def label(self, i: int, store: Store | None = None) -> np.ndarray:
         store = store or Store(self.root)
@@ -82,9 +82,9 @@ def converged_at(config: WSSSConfig, r: int, changed_share: float) -> bool:
 
 
 #: Segmentation settings that only say what a round's own segmenter is trained with:
-#: :func:`round_model_config` puts them in place of ``class_balance`` and ``boundary_ignore``, so a
+#: :func:`round_model_config` puts them in place of the final model's (``ROUND_SETTINGS``), so a
 #: checkpoint's recipe records those and a change of these retrains no final or supervised model
-ROUNDS_ONLY = ("rounds_class_balance", "rounds_boundary_ignore")
+ROUNDS_ONLY = tuple(ROUND_SETTINGS.values())
 
 
 def round_model_config(config: WSSSConfig) -> WSSSConfig:
@@ -95,7 +95,7 @@ def round_model_config(config: WSSSConfig) -> WSSSConfig:
     boundary band is ``segmentation.rounds_boundary_ignore`` (0: every pixel), its output being the
     next round's start."""
     seg = config.segmentation
-    own = {"class_balance": seg.rounds_class_balance, "boundary_ignore": seg.rounds_boundary_ignore}
+    own = {final: getattr(seg, rounds) for final, rounds in ROUND_SETTINGS.items()}
     return config.model_copy(update={"segmentation": seg.model_copy(update=own)})
 
 
@@ -150,6 +150,7 @@ def recipe_changes(recorded: dict | None, recipe: dict) -> list[str]:
     """
     if recorded is None:
         return ["recipe (not recorded)"]
+
     def differs(k: str) -> bool:
         if k != "segmentation":
             return recorded.get(k) != recipe[k]
