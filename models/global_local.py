@@ -192,6 +192,10 @@ class GlobalLocalNet(nn.Module):
         normalisation. With ``global_weight=0`` and ``residual_weight=0`` the network then starts
         as the patch network itself, weights included, and lets in as much of the coarse image as
         helps: a corpus whose coarse image shows nothing (HRF's vessels) keeps the patches' result.
+    global_dropout : float
+        During training, each patch loses its global view (F2 and the coarse logits set to 0) with
+        this probability, so that the patch path also learns to segment alone (the coarse image's
+        own loss still trains the coarse head); at inference every patch has it.
     backbone : {"hrnet", "lite0", "lite1", "lite2"}
         The patches' (and coarse images') backbone: :class:`CompactHRNet` from scratch, or an
         EfficientNet-Lite with ImageNet weights (:class:`models.lite_nets.LiteStride4`).
@@ -208,8 +212,13 @@ class GlobalLocalNet(nn.Module):
                  spatial: bool = True, coarse_size: int | None = None, global_weight: float | None = None,
                  coarse_head: bool = False, coarse_residual: bool = False, residual_gate: bool = False,
                  residual_weight: float | None = None, coarse_backbone: bool = False, residual_init: str = "zero", backbone: str = "hrnet",
-                 patch_first: bool = False, weights: Mapping[str, Tensor] | None = None) -> None:
+                 patch_first: bool = False, global_dropout: float = 0.0,
+                 weights: Mapping[str, Tensor] | None = None) -> None:
         super().__init__()
+        if not 0.0 <= global_dropout < 1.0:
+            raise ValueError(f"global_dropout must lie in [0, 1), got {global_dropout}")
+        if global_dropout and not use_global:
+            raise ValueError("global_dropout needs use_global=True")
         if backbone not in ("hrnet", "lite0", "lite1", "lite2"):
             raise ValueError(f"backbone must be hrnet, lite0, lite1 or lite2, got {backbone!r}")
         if weights is not None and backbone == "hrnet":
@@ -237,7 +246,7 @@ class GlobalLocalNet(nn.Module):
             raise ValueError(f"coarse_size must be a multiple of 4 (>= 8), got {coarse_size}")
         norm_layer = norm_layer or nn.BatchNorm2d
         self.num_classes, self.in_channels, self.patch_size = num_classes, in_channels, patch_size
-        self.use_global = use_global
+        self.use_global, self.global_dropout = use_global, float(global_dropout)
         self.overlap, self.patch_batch = overlap, patch_batch
         self.pooling, self.with_spatial, self.coarse_size = pooling, spatial, coarse_size
         self.coarse_residual = coarse_residual
@@ -426,6 +435,10 @@ class GlobalLocalNet(nn.Module):
                     residual = roi_align(g_logits, boxes.to(g_logits.dtype), f1.shape[-2:],
                                          spatial_scale=g.shape[-1] / self.coarse_size, sampling_ratio=-1,
                                          aligned=True)
+            if self.training and self.global_dropout:  # some patches learn without their global view
+                keep = (torch.rand(f2.shape[0], 1, 1, 1, device=f2.device) >= self.global_dropout).to(f2.dtype)
+                f2 = f2 * keep
+                residual = None if residual is None else residual * keep
         if self.patch_first:
             # F6 of the patches as use_global=False has it, F2's branches reduced on their own and added
             conv, norm, act = self.reduce

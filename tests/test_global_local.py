@@ -516,3 +516,35 @@ def test_context_dataset_with_a_coarse_loss_trains_the_coarse_head():
     with torch.no_grad():
         pred = model.eval().coarse_logits(inputs["coarse"][None]).argmax(1)[0].numpy()
     assert (pred[:12] == 1).mean() > 0.9 and (pred[20:] == 0).mean() > 0.9
+
+
+def test_global_dropout_takes_the_global_view_from_some_patches_in_training_only():
+    """``global_dropout``: in training a patch that loses its global view has logits that do not
+    depend on the coarse image (F2 and the coarse logits are 0 for it), the others do; at inference
+    every patch has it, and the network is the one without dropout, weights alike."""
+    gl = dict(coarse_head=True, coarse_residual=True, coarse_backbone=True, residual_init="random",
+              norm_layer=torch.nn.Identity)  # no batch statistics: each patch's logits are its own
+    model, plain = _tiny(global_dropout=0.5, **gl), _tiny(**gl)
+    plain.load_state_dict(model.state_dict())
+    patches = torch.randn(16, 3, 32, 32)
+    boxes = torch.tensor([[0, 0, 0, 16, 16]] * 8 + [[0, 8, 8, 24, 24.0]] * 8)
+    a, b = torch.randn(1, 3, 32, 32), torch.randn(1, 3, 32, 32)
+    model.train()
+    with torch.no_grad():
+        torch.manual_seed(1)
+        with_a = model.forward_patches(patches, a, boxes)
+        torch.manual_seed(1)                               # the same patches lose their view
+        with_b = model.forward_patches(patches, b, boxes)
+    same = torch.isclose(with_a, with_b).flatten(1).all(1)
+    assert 0 < int(same.sum()) < 16                        # some patches alone, the others with their view
+    torch.manual_seed(1)
+    dropped = torch.rand(16) < 0.5                         # the draw forward_patches made
+    assert torch.equal(same, dropped)
+    model.eval()
+    with torch.no_grad():
+        torch.testing.assert_close(model.forward_patches(patches, a, boxes), plain.forward_patches(patches, a, boxes))
+        assert not torch.allclose(model.forward_patches(patches, a, boxes), model.forward_patches(patches, b, boxes))
+    with pytest.raises(ValueError, match="global_dropout must lie"):
+        _tiny(global_dropout=1.0)
+    with pytest.raises(ValueError, match="global_dropout needs use_global"):
+        _tiny(use_global=False, global_dropout=0.5)

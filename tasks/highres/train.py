@@ -109,6 +109,12 @@ VARIANTS: dict[str, Variant] = {
                                              "patch_first": True}, coarse_loss=1.0, coarse_targets="soft",
                               about="gl_gates0_sup built patch first: it starts as patch_only itself (the same "
                                     "weights from the same seed), F2's branches reduced on their own and added"),
+    "gl_global_dropout": Variant(True, options={"coarse_head": True, "coarse_residual": True, "coarse_backbone": True,
+                                                "residual_init": "random", "global_dropout": 0.5}, coarse_loss=1.0,
+                                 coarse_targets="soft",
+                                 about="global_local whose patches each lose their global view (F2 and the coarse "
+                                       "logits) with probability 0.5 in training, so that the patch path also learns "
+                                       "alone"),
     "gl_coarse2x_sup": Variant(True, options={"coarse_head": True, "coarse_residual": True, "coarse_backbone": True,
                                               "residual_init": "random", "coarse_size": "2p"}, coarse_loss=1.0,
                                coarse_targets="soft", about="global_local with a coarse image of twice the patch side"),
