@@ -114,6 +114,7 @@ def main(argv=None) -> int:
         cam, scda = imagenet_maps(deep, image)
         starts["imagenet_cam"], starts["scda"] = sp_mean(cam), sp_mean(scda)
         starts["saliency+scda"] = (starts["saliency"] + starts["scda"]) / 2
+        starts["saliency+ddt"] = (starts["saliency"] + starts["ddt"]) / 2
         for name, prob in starts.items():
             score(f"{name} > 0.5", prob > 0.5, mask)
             score(f"GrabCut from {name}", fg.evidence_grabcut(image, prob), mask)
