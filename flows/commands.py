@@ -288,10 +288,11 @@ def cmd_segment(args) -> int:
 
     prepare(args.out)  # Prefect and MLflow state of `wsseg segment` live in the --out folder
     from flows.highres import segment
+    from tasks.store import RunLock
 
     t0 = time.perf_counter()
-    try:
-        with prefect_api() as ready:
+    try:  # one command at a time per folder: two would share (and break) its Prefect and MLflow state
+        with RunLock(args.out, "wsseg segment", option="--out"), prefect_api() as ready:
             ready()
             report = segment([str(p) for p in args.inputs], str(args.model), str(args.out), patch_size=args.patch_size,
                              overlap=args.overlap, batch=args.batch, device=args.device, fov=args.fov, gate=args.gate,

@@ -83,3 +83,26 @@ def test_input_mistakes_are_one_line_and_leave_nothing(tmp_path, argv, message):
     assert lines[1].startswith("wsseg: error:") and message in lines[1], out.stderr
     assert "Traceback" not in out.stderr and "Error logging" not in out.stderr
     assert not (tmp_path / "empty").exists()
+
+
+def test_bench_highres_refuses_a_folder_another_command_writes(tmp_path):
+    """`wsseg bench highres` keeps its Prefect and MLflow state beside its --out JSON: a second
+    command on that folder is refused in one line naming the holder and the option to change (two at
+    once broke the Prefect API's start or MLflow's database), and writes nothing."""
+    from tests.test_highres import _synthetic_hrf
+
+    _synthetic_hrf(tmp_path / "hrf")
+    folder = tmp_path / "bench"
+    p = _holder(folder)
+    try:
+        out = subprocess.run([sys.executable, "-m", "flows.cli", "bench", "highres", "--data", str(tmp_path / "hrf"),
+                              "--train-n", "3", "--eval-n", "1", "--patch-size", "16", "--steps", "2",
+                              "--no-memory-probe", "--out", str(folder / "highres.json")],
+                             cwd=ROOT, capture_output=True, text=True, timeout=300)
+        assert out.returncode == 2, out.stderr
+        lines = [line for line in out.stderr.splitlines() if "error" in line]
+        assert len(lines) == 1 and f"pid {p.pid}" in lines[0] and "another --out folder" in lines[0], out.stderr
+        assert "Traceback" not in out.stderr and not (folder / "highres.json").exists()
+    finally:
+        p.kill()
+        p.wait()

@@ -64,8 +64,11 @@ def _describe(h: dict) -> str:
 class RunLock:
     """Exclusive lock of a run directory for one command (a context manager)."""
 
-    def __init__(self, root: str | os.PathLike, command: str, *, stream=None, remote=None):
+    def __init__(self, root: str | os.PathLike, command: str, *, stream=None, remote=None,
+                 option: str = "--run-dir"):
         self.path = Path(root) / LOCK_NAME
+        #: what the refusal tells a second writer to change (the command's option that names the folder)
+        self.option = option
         #: the lock object of a run directory on object storage (a UPath), None for a local one
         self.remote = remote / LOCK_NAME if remote is not None else None
         self.command = command
@@ -90,7 +93,7 @@ class RunLock:
             os.close(fd)
             where = self.remote.parent if self.remote is not None else self.path.parent
             raise RunLockedError(f"{where}: in use by {_describe(self.holder())}; wait for it to "
-                                 "finish or use another --run-dir") from None
+                                 f"finish or use another {self.option}") from None
         previous = _holder(os.pread(fd, 65536, 0).decode(errors="replace"))
         if previous.get("pid"):
             print(f"wsseg: taking over the stale lock of {self.path.parent} from {_describe(previous)}: that "
@@ -126,7 +129,7 @@ class RunLock:
                 h = self.holder()
                 if attempt or not _gone(h):
                     raise RunLockedError(f"{self.remote.parent}: in use by {_describe(h)}; wait for it to finish "
-                                         f"or use another --run-dir (if that process is gone, delete "
+                                         f"or use another {self.option} (if that process is gone, delete "
                                          f"{self.remote})") from None
                 print(f"wsseg: taking over the stale lock object {self.remote} from {_describe(h)}: that process "
                       "is gone", file=self.stream)
