@@ -196,7 +196,7 @@ def parser() -> argparse.ArgumentParser:
 #: commands whose --run-dir may be an fsspec URL (the store on object storage)
 REMOTE_COMMANDS = ("ingest", "train", "refresh", "evaluate", "demo", "ui")
 #: commands that write a run directory: one at a time per directory (tasks.store.lock)
-WRITERS = ("demo", "ingest", "train", "refresh", "bench quality", "bench pipeline", "bench corrections")
+WRITERS = ("demo", "ingest", "train", "refresh", "bench quality", "bench pipeline", "bench corrections", "bench train")
 
 
 def command_name(args) -> str:

@@ -106,3 +106,21 @@ def test_bench_highres_refuses_a_folder_another_command_writes(tmp_path):
     finally:
         p.kill()
         p.wait()
+
+
+def test_bench_train_refuses_a_run_directory_another_command_writes(tmp_path):
+    """`wsseg bench train` ingests its data into its --run-dir (runs/bench-train unless told): two
+    at once (one network against another) would share one store; the second is refused in one line."""
+    run = tmp_path / "run"
+    p = _holder(run)
+    try:
+        out = subprocess.run([sys.executable, "-m", "flows.cli", "bench", "train", "--network", "small", "--steps", "2",
+                              "--out", str(tmp_path / "train.json"), "--run-dir", str(run)],
+                             cwd=ROOT, capture_output=True, text=True, timeout=300)
+        assert out.returncode == 2, out.stderr
+        lines = [line for line in out.stderr.splitlines() if line.startswith("wsseg: error")]
+        assert len(lines) == 1 and f"pid {p.pid}" in lines[0] and "another --run-dir" in lines[0], out.stderr
+        assert not (run / "corpus").exists() and not (tmp_path / "train.json").exists()
+    finally:
+        p.kill()
+        p.wait()
