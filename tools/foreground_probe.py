@@ -12,6 +12,7 @@ the ImageNet-pretrained encoder, each alone and as GrabCut's start (docs/benchma
   objectness), scaled to its maximum.
 * ``scda``: the sum over channels of the encoder's last activations (Wei et al., "Selective
   convolutional descriptor aggregation", TIP 2017), 0.5 at the image's mean.
+* ``saliency+scda``, ``saliency+ddt``: the mean of the saliency and each of those two.
 
 Reads a run directory that ``wsseg bench quality`` (or ``wsseg train`` on a corpus with masks)
 filled: its images, masks and feature cache. Prints the object IoU over all pixels of each start
