@@ -197,6 +197,11 @@ def parser() -> argparse.ArgumentParser:
 REMOTE_COMMANDS = ("ingest", "train", "refresh", "evaluate", "demo", "ui")
 #: commands that write a run directory: one at a time per directory (tasks.store.lock)
 WRITERS = ("demo", "ingest", "train", "refresh", "bench quality", "bench pipeline", "bench corrections", "bench train")
+#: commands without a --run-dir that keep their Prefect and MLflow state in their output folder: the
+#: same lock there (two at once broke the Prefect API's start or MLflow's database), and the option
+#: a second one is told to change
+OUT_WRITERS = {"bench highres": (lambda args: Path(args.out).resolve().parent, "--out folder"),
+               "segment": (lambda args: Path(args.out), "--out")}
 
 
 def command_name(args) -> str:
@@ -317,6 +322,12 @@ def main(argv: list[str] | None = None) -> int:
             from tasks.store import Store
 
             with Store(run_dir).lock(f"wsseg {command_name(args)}"):
+                return args.func(args)
+        if command_name(args) in OUT_WRITERS:
+            from tasks.store import RunLock
+
+            folder, option = OUT_WRITERS[command_name(args)]
+            with RunLock(folder(args), f"wsseg {command_name(args)}", option=option):
                 return args.func(args)
         return args.func(args)
     except Exception as e:  # clear one-line errors for input problems, tracebacks for bugs

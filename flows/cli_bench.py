@@ -94,13 +94,11 @@ def cmd_bench_quality(args) -> int:
 def cmd_bench_highres(args) -> int:
     from flows.runtime import prefect_api, prepare
 
-    folder = Path(args.out).resolve().parent
-    prepare(folder)  # Prefect and MLflow state beside the result JSON
+    prepare(Path(args.out).resolve().parent)  # Prefect and MLflow state beside the result JSON (locked: flows.cli)
     from flows.highres import bench_highres
-    from tasks.store import RunLock
 
-    try:  # one command at a time per folder: two would share (and break) its Prefect and MLflow state
-        with RunLock(folder, "wsseg bench highres", option="--out folder"), prefect_api() as ready:
+    try:
+        with prefect_api() as ready:
             ready()
             res = bench_highres(str(args.data), args.split, str(args.out), train_n=args.train_n, eval_n=args.eval_n,
                           patch_size=args.patch_size, scale=args.scale, steps=args.steps, batch=args.batch,

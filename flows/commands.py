@@ -286,13 +286,12 @@ def cmd_ui(args) -> int:
 def cmd_segment(args) -> int:
     from flows.runtime import prefect_api, prepare
 
-    prepare(args.out)  # Prefect and MLflow state of `wsseg segment` live in the --out folder
+    prepare(args.out)  # Prefect and MLflow state of `wsseg segment` live in the --out folder (locked: flows.cli)
     from flows.highres import segment
-    from tasks.store import RunLock
 
     t0 = time.perf_counter()
-    try:  # one command at a time per folder: two would share (and break) its Prefect and MLflow state
-        with RunLock(args.out, "wsseg segment", option="--out"), prefect_api() as ready:
+    try:
+        with prefect_api() as ready:
             ready()
             report = segment([str(p) for p in args.inputs], str(args.model), str(args.out), patch_size=args.patch_size,
                              overlap=args.overlap, batch=args.batch, device=args.device, fov=args.fov, gate=args.gate,

@@ -76,9 +76,8 @@ def _end_to_end(tmp_path, cluster, mlflow):
             flow_run_filter=FlowRunFilter(name=FlowRunFilterName(any_=flows_wanted)))}
         task_names = {t.name for t in client.read_task_runs(
             task_run_filter=TaskRunFilter(name=TaskRunFilterName(any_=tasks_wanted)))}
-    assert {"run/ingest", "run/train-wsss", "run/round-0", "run/round-1"} <= flow_names, flow_names
-    assert f"round-1/pseudo-labels {E2E_IDS[8]}..{E2E_IDS[15]} (8 images)" in task_names, sorted(task_names)[:20]
-    assert f"features {E2E_IDS[0]}..{E2E_IDS[7]} (8 images)" in task_names, sorted(task_names)[:20]
+    assert set(flows_wanted) <= flow_names, flow_names
+    assert set(tasks_wanted) <= task_names, sorted(task_names)[:20]
 
     store = Store(run)
     for rec in store.manifest():
