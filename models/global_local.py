@@ -196,6 +196,13 @@ class GlobalLocalNet(nn.Module):
         During training, each patch loses its global view (F2 and the coarse logits set to 0) with
         this probability, so that the patch path also learns to segment alone (the coarse image's
         own loss still trains the coarse head); at inference every patch has it.
+    gate_eps : float, optional
+        Adam's epsilon for the F2 gate (``global_weight``) in a parameter group of its own, without
+        weight decay (:meth:`param_groups`): a gradient smaller than it moves the gate in proportion
+        to itself, as plain SGD would, instead of by Adam's normalised step of about the learning
+        rate whatever the gradient's size. A gate that has only noise to follow then stays near its
+        start (HRF, where F2 shows no vessel) and one with a steady gradient still opens (msrc21
+        x6). None: the gate is one more parameter of the network's single group.
     backbone : {"hrnet", "lite0", "lite1", "lite2"}
         The patches' (and coarse images') backbone: :class:`CompactHRNet` from scratch, or an
         EfficientNet-Lite with ImageNet weights (:class:`models.lite_nets.LiteStride4`).
@@ -212,13 +219,17 @@ class GlobalLocalNet(nn.Module):
                  spatial: bool = True, coarse_size: int | None = None, global_weight: float | None = None,
                  coarse_head: bool = False, coarse_residual: bool = False, residual_gate: bool = False,
                  residual_weight: float | None = None, coarse_backbone: bool = False, residual_init: str = "zero", backbone: str = "hrnet",
-                 patch_first: bool = False, global_dropout: float = 0.0,
+                 patch_first: bool = False, global_dropout: float = 0.0, gate_eps: float | None = None,
                  weights: Mapping[str, Tensor] | None = None) -> None:
         super().__init__()
         if not 0.0 <= global_dropout < 1.0:
             raise ValueError(f"global_dropout must lie in [0, 1), got {global_dropout}")
         if global_dropout and not use_global:
             raise ValueError("global_dropout needs use_global=True")
+        if gate_eps is not None and (global_weight is None or not use_global):
+            raise ValueError("gate_eps needs the F2 gate: use_global=True and a global_weight")
+        if gate_eps is not None and not gate_eps > 0:
+            raise ValueError(f"gate_eps must be > 0, got {gate_eps}")
         if backbone not in ("hrnet", "lite0", "lite1", "lite2"):
             raise ValueError(f"backbone must be hrnet, lite0, lite1 or lite2, got {backbone!r}")
         if weights is not None and backbone == "hrnet":
@@ -247,6 +258,7 @@ class GlobalLocalNet(nn.Module):
         norm_layer = norm_layer or nn.BatchNorm2d
         self.num_classes, self.in_channels, self.patch_size = num_classes, in_channels, patch_size
         self.use_global, self.global_dropout = use_global, float(global_dropout)
+        self.gate_eps = None if gate_eps is None else float(gate_eps)
         self.overlap, self.patch_batch = overlap, patch_batch
         self.pooling, self.with_spatial, self.coarse_size = pooling, spatial, coarse_size
         self.coarse_residual = coarse_residual
@@ -280,6 +292,14 @@ class GlobalLocalNet(nn.Module):
             nn.init.zeros_(self.classifier.weight)
             nn.init.zeros_(self.classifier.bias)
         self._add_residual_weight(num_classes, coarse_residual, residual_gate, residual_weight)
+
+    def param_groups(self, lr: float):
+        """The optimiser's parameter groups (:func:`tasks.common.training.fit`): all parameters in one,
+        or with ``gate_eps`` the F2 gate in a group of its own (that epsilon, no weight decay)."""
+        if self.gate_eps is None:
+            return self.parameters()
+        rest = [p for p in self.parameters() if p is not self.global_gate]
+        return [{"params": rest}, {"params": [self.global_gate], "eps": self.gate_eps, "weight_decay": 0.0}]
 
     def _build_head(self, in_channels: int, c: int, m_convs: int, num_classes: int, norm_layer) -> None:
         """F6 -> ``reduce`` -> ``convs`` (m identical conv-bn-relu) -> ``head1``, ``head3`` (F7) ->

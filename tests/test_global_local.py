@@ -548,3 +548,37 @@ def test_global_dropout_takes_the_global_view_from_some_patches_in_training_only
         _tiny(global_dropout=1.0)
     with pytest.raises(ValueError, match="global_dropout needs use_global"):
         _tiny(use_global=False, global_dropout=0.5)
+
+
+def test_gate_eps_moves_the_f2_gate_in_proportion_to_its_gradient():
+    """``gate_eps``: the optimiser every network trains with (:func:`tasks.common.training.make_optimizer`)
+    steps the F2 gate by ``lr * g / (|g| + eps)`` on its first step (Adam's, with that epsilon and no
+    weight decay), so a small gradient moves it in proportion to itself and a large one by about the
+    learning rate; every other parameter, and the gate of a network without ``gate_eps``, takes
+    Adam's normalised step of the learning rate whatever its gradient's size."""
+    from tasks.common.training import TrainConfig, make_optimizer
+
+    cfg = TrainConfig(lr=0.01, weight_decay=0.0)
+    gl = dict(coarse_head=True, coarse_residual=True, coarse_backbone=True, residual_init="random",
+              global_weight=0.0, residual_weight=0.0, patch_first=True)
+
+    def first_step(model, g):
+        opt = make_optimizer(model, cfg)
+        for p in model.parameters():
+            p.grad = torch.full_like(p, g)
+        before = {n: p.detach().clone() for n, p in model.named_parameters()}
+        opt.step()
+        return {n: float((before[n] - p.detach()).flatten()[0]) for n, p in model.named_parameters()}
+
+    quiet, plain = _tiny(gate_eps=1.0, **gl), _tiny(**gl)
+    for g in (1e-3, 10.0):
+        moved, moved_plain = first_step(quiet, g), first_step(plain, g)
+        assert moved["global_gate"] == pytest.approx(cfg.lr * g / (g + 1.0), rel=1e-4)
+        assert moved_plain["global_gate"] == pytest.approx(cfg.lr, rel=1e-4)
+        assert moved["residual_weight"] == pytest.approx(cfg.lr, rel=1e-4)   # only F2's gate is quiet
+        assert moved["classifier.weight"] == pytest.approx(cfg.lr, rel=1e-4)
+    assert moved_plain.keys() == moved.keys()                                # the same parameters, all trained
+    with pytest.raises(ValueError, match="gate_eps needs the F2 gate"):
+        _tiny(gate_eps=1.0)
+    with pytest.raises(ValueError, match="gate_eps must be > 0"):
+        _tiny(global_weight=0.0, gate_eps=0.0)

@@ -434,6 +434,14 @@ def _schedule(opt: torch.optim.Optimizer, cfg: TrainConfig, steps: int):
     raise ValueError(f"unknown schedule {cfg.schedule!r}; one of: one_cycle, warmup_cosine")
 
 
+def make_optimizer(model: nn.Module, cfg: TrainConfig) -> torch.optim.Optimizer:
+    """AdamW at ``cfg.lr`` and ``cfg.weight_decay`` over ``model.param_groups(cfg.lr)`` where the model
+    has them (a pretrained encoder learns slower than the layers new to it; a global-local network's
+    gate may step differently), else over all its parameters."""
+    params = model.param_groups(cfg.lr) if hasattr(model, "param_groups") else model.parameters()
+    return torch.optim.AdamW(params, lr=cfg.lr, weight_decay=cfg.weight_decay)
+
+
 def fit(model: nn.Module, ds: StoreDataset | BatchSource, loss_fn: Callable, cfg: TrainConfig, *,
         checkpoint=None, log: Callable[[dict, int], None] | None = None,
         progress: Callable[[str], None] | None = None, on_step: Callable[[dict], None] | None = None,
@@ -464,9 +472,7 @@ def fit(model: nn.Module, ds: StoreDataset | BatchSource, loss_fn: Callable, cfg
     # channels_last pays on CUDA; on CPU batch norm in channels_last was measured 2-3x slower
     fmt = torch.channels_last if device.type == "cuda" else torch.contiguous_format
     model = model.to(device).to(memory_format=fmt)
-    # a pretrained encoder learns slower than the layers new to it (``model.param_groups(lr)``)
-    params = model.param_groups(cfg.lr) if hasattr(model, "param_groups") else model.parameters()
-    opt = torch.optim.AdamW(params, lr=cfg.lr, weight_decay=cfg.weight_decay)
+    opt = make_optimizer(model, cfg)
     source = ds if isinstance(ds, BatchSource) else None
     steps_per_epoch = source.steps_per_epoch if source is not None else max(1, len(ds) // cfg.batch_size)
     epochs = cfg.epochs if cfg.max_steps is None else min(cfg.epochs, -(-cfg.max_steps // steps_per_epoch))

@@ -109,6 +109,17 @@ VARIANTS: dict[str, Variant] = {
                                              "patch_first": True}, coarse_loss=1.0, coarse_targets="soft",
                               about="gl_gates0_sup built patch first: it starts as patch_only itself (the same "
                                     "weights from the same seed), F2's branches reduced on their own and added"),
+    "gl_patch_first_quiet_gate": Variant(
+        True, options={"coarse_head": True, "coarse_residual": True, "coarse_backbone": True, "residual_init": "random",
+                       "global_weight": 0.0, "residual_weight": 0.0, "patch_first": True, "gate_eps": 1.0},
+        coarse_loss=1.0, coarse_targets="soft",
+        about="gl_patch_first whose F2 gate is stepped in proportion to its gradient (Adam's epsilon 1 for it), "
+              "so that it stays near 0 where F2 only adds noise"),
+    "gl_gated_quiet": Variant(True, options={"coarse_head": True, "coarse_residual": True, "coarse_backbone": True,
+                                             "residual_init": "random", "global_weight": 0.0, "gate_eps": 1.0},
+                              coarse_loss=1.0, coarse_targets="soft",
+                              about="gl_gated whose F2 gate is stepped in proportion to its gradient (Adam's "
+                                    "epsilon 1 for it): global_local's coarse logits, F2 only where it helps"),
     "gl_global_dropout": Variant(True, options={"coarse_head": True, "coarse_residual": True, "coarse_backbone": True,
                                                 "residual_init": "random", "global_dropout": 0.5}, coarse_loss=1.0,
                                  coarse_targets="soft",
