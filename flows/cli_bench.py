@@ -169,8 +169,8 @@ def add_bench_highres_parser(bench) -> argparse.ArgumentParser:
                         "the coarse logits each times a learnable weight starting at 0), gl_patch_first (gl_gates0_sup "
                         "built patch first: it starts as patch_only itself, same weights from the same seed), "
                         "gl_patch_first_quiet_gate / gl_gated_quiet (gl_patch_first / gl_gated whose F2 gate moves "
-                        "in proportion to its gradient), gl_global_dropout (global_local whose patches each lose their global view with "
-                        "probability 0.5 in training)")
+                        "in proportion to its gradient), gl_global_dropout (global_local whose patches each lose "
+                        "their global view with probability 0.5 in training)")
     p.add_argument("--images-per-batch", type=int, default=2,
                    help="images the patches of one step are cut from, each with its coarse image (default 2)")
     p.add_argument("--memory-probe", action=argparse.BooleanOptionalAction, default=True,
