@@ -436,3 +436,40 @@ def test_training_against_soft_coarse_targets_learns_the_coarse_image():
     with pytest.raises(ValueError, match="coarse_targets"):
         hr.PatchBatches(images, masks, patch_size=32, steps=1, batch=2, seed=0, use_global=True,
                         coarse_targets="fuzzy")
+
+
+def test_every_benchmark_variant_trains_evaluates_and_rebuilds_from_its_options():
+    """Every name `bench highres --variants` lists builds from its options, trains a few steps to a finite
+    loss, scores an IoU in [0, 1], and rebuilds from the options its checkpoint keeps into the same
+    network (what `wsseg segment --model` does); the quiet-gate variants give F2's gate its own
+    optimiser group."""
+    from tasks.common.training import TrainConfig, make_optimizer
+    from tasks.store import build_network
+
+    rng = np.random.default_rng(0)
+    images, masks = [], []
+    for _ in range(2):
+        image = rng.integers(100, 130, (48, 64, 3)).astype(np.uint8)
+        mask = np.zeros((48, 64), np.uint8)
+        mask[20:23] = 1
+        image[mask == 1] = 20
+        images.append(image), masks.append(mask)
+    data = hr.BenchData(["a", "b"], ["a"], images, masks, images[:1], masks[:1])
+    options = dict(patch_size=32, width=8, blocks=(1, 1), backbone="hrnet")
+    x = torch.from_numpy(rng.standard_normal((1, 3, 32, 32)).astype(np.float32))
+    for name, variant in hr.VARIANTS.items():
+        model, opts, figures = hr.train_variant(name, data, options=options, steps=3, batch=2, lr=1e-3, seed=0,
+                                                device="cpu", balanced=0.0, class_weights=None,
+                                                log=lambda line: None)
+        assert np.isfinite(figures[f"{name}_final_loss"]), name
+        _, scores = hr.evaluate_variant(name, model, data, mode=variant.mode, overlap=0, batch=2, device="cpu",
+                                        log=lambda line: None)
+        assert 0.0 <= scores[f"{name}_iou"] <= 1.0, name
+        again = build_network("global_local", 2, in_channels=3, **opts,
+                              **({} if variant.use_global else {"use_global": False})).eval()
+        again.load_state_dict(model.state_dict())          # strict: the same modules from the same options
+        with torch.no_grad():
+            torch.testing.assert_close(again.forward_patches(x) if not variant.use_global else again(x),
+                                       model.forward_patches(x) if not variant.use_global else model(x))
+        groups = make_optimizer(model, TrainConfig(lr=1e-3)).param_groups
+        assert len(groups) == (2 if opts.get("gate_eps") else 1), name
