@@ -297,6 +297,7 @@ def main(argv: list[str] | None = None) -> int:
     args = parser().parse_args(argv)
     announce(args)
     verbose = getattr(args, "verbose", False)
+    name = command_name(args)
     run_dir, existed = None, False
     try:
         apply_storage_args(args)
@@ -304,8 +305,8 @@ def main(argv: list[str] | None = None) -> int:
             from tasks.store import Store
 
             store = Store(args.run_dir)  # a URL whose scheme has no installed package is refused here
-            if store.remote and command_name(args) not in REMOTE_COMMANDS:
-                raise ValueError(f"{args.run_dir}: wsseg {command_name(args)} needs a local --run-dir (a run "
+            if store.remote and name not in REMOTE_COMMANDS:
+                raise ValueError(f"{args.run_dir}: wsseg {name} needs a local --run-dir (a run "
                                  f"directory on object storage works with: {', '.join(REMOTE_COMMANDS)})")
             store.check_reachable()  # one request: an unreachable endpoint or a missing bucket is one line
             run_dir, existed = (store.root if store.remote else Path(args.run_dir)), store.exists()
@@ -314,20 +315,20 @@ def main(argv: list[str] | None = None) -> int:
             from flows.runtime import prepare
 
             prepare(run_dir, verbose=verbose)
-        if command_name(args) not in ("status", "export", "review"):  # the others start processes (a Prefect API at least)
+        if name not in ("status", "export", "review"):  # the others start processes (a Prefect API at least)
             from flows.runtime import start_reaper
 
             start_reaper()
-        if run_dir is not None and command_name(args) in WRITERS:
+        if run_dir is not None and name in WRITERS:
             from tasks.store import Store
 
-            with Store(run_dir).lock(f"wsseg {command_name(args)}"):
+            with Store(run_dir).lock(f"wsseg {name}"):
                 return args.func(args)
-        if command_name(args) in OUT_WRITERS:
+        if name in OUT_WRITERS:
             from tasks.store import RunLock
 
-            folder, option = OUT_WRITERS[command_name(args)]
-            with RunLock(folder(args), f"wsseg {command_name(args)}", option=option):
+            folder, option = OUT_WRITERS[name]
+            with RunLock(folder(args), f"wsseg {name}", option=option):
                 return args.func(args)
         return args.func(args)
     except Exception as e:  # clear one-line errors for input problems, tracebacks for bugs

@@ -468,8 +468,8 @@ def test_every_benchmark_variant_trains_evaluates_and_rebuilds_from_its_options(
         again = build_network("global_local", 2, in_channels=3, **opts,
                               **({} if variant.use_global else {"use_global": False})).eval()
         again.load_state_dict(model.state_dict())          # strict: the same modules from the same options
+        run = (lambda net: net(x)) if variant.use_global else (lambda net: net.forward_patches(x))
         with torch.no_grad():
-            torch.testing.assert_close(again.forward_patches(x) if not variant.use_global else again(x),
-                                       model.forward_patches(x) if not variant.use_global else model(x))
+            torch.testing.assert_close(run(again), run(model))
         groups = make_optimizer(model, TrainConfig(lr=1e-3)).param_groups
         assert len(groups) == (2 if opts.get("gate_eps") else 1), name
