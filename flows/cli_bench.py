@@ -153,8 +153,11 @@ def add_bench_highres_parser(bench) -> argparse.ArgumentParser:
     p.add_argument("--variants", nargs="+", default=["global_local", "patch_only", "downsampled"], metavar="NAME",
                    help="networks to train and score, same budget each, space- or comma-separated (default: "
                         "global_local patch_only downsampled). global_local: METHOD.md C with a backbone of its own "
-                        "for the coarse image, the coarse head's logits added to each patch's and a loss on the "
-                        "coarse image against its class fractions. Ablations (tasks/highres/train.py:VARIANTS): "
+                        "for the coarse image, the coarse head's logits added to each patch's (no gradient back: "
+                        "the coarse head learns from its own loss) and a loss on the coarse image against its class "
+                        "fractions. Ablations (tasks/highres/train.py:VARIANTS): gl_coarse_attached (global_local "
+                        "until 2026-12-06: the patch loss also trains the coarse head; the gl_* variants below that "
+                        "say global_local are built on it), "
                         "gl_method_c (METHOD.md C as written: one backbone, no coarse supervision), gl_f2 (its F1 "
                         "and F2 only), gl_f2_pool / gl_f2_spatial (+ pooling / spatial branch), gl_coarse2x "
                         "(coarse image of twice the patch side), gl_gate0 / gl_gate1 (F2 times a learnable scalar "

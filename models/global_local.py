@@ -172,6 +172,11 @@ class GlobalLocalNet(nn.Module):
         Add the coarse head's logits of each patch's region to the patch's logits (needs
         ``coarse_head``); the patch classifier then starts at zero (``residual_init``), so that the
         network starts as the coarse prediction and the patches learn a correction of it.
+    coarse_detach : bool
+        With ``coarse_residual``, the coarse logits enter the patches' without a gradient back: the
+        coarse head and its backbone learn the coarse image from its own loss only, and the patch
+        path takes that prediction as it is (as a stacked model takes a base model's), instead of
+        also bending it towards whatever lowers the patch loss on the training images.
     residual_gate : bool
         A learnt weight per class of the coarse logits in ``coarse_residual``, starting at 1.
     residual_weight : float, optional
@@ -220,7 +225,7 @@ class GlobalLocalNet(nn.Module):
                  coarse_head: bool = False, coarse_residual: bool = False, residual_gate: bool = False,
                  residual_weight: float | None = None, coarse_backbone: bool = False, residual_init: str = "zero", backbone: str = "hrnet",
                  patch_first: bool = False, global_dropout: float = 0.0, gate_eps: float | None = None,
-                 weights: Mapping[str, Tensor] | None = None) -> None:
+                 coarse_detach: bool = False, weights: Mapping[str, Tensor] | None = None) -> None:
         super().__init__()
         if not 0.0 <= global_dropout < 1.0:
             raise ValueError(f"global_dropout must lie in [0, 1), got {global_dropout}")
@@ -236,6 +241,8 @@ class GlobalLocalNet(nn.Module):
             raise ValueError("weights are ImageNet's for a lite backbone; the hrnet backbone starts at random")
         if coarse_residual and not (coarse_head and use_global):
             raise ValueError("coarse_residual needs coarse_head=True and use_global=True")
+        if coarse_detach and not coarse_residual:
+            raise ValueError("coarse_detach needs coarse_residual=True (it detaches the coarse logits added)")
         if coarse_backbone and not use_global:
             raise ValueError("coarse_backbone needs use_global=True")
         if patch_first and not use_global:
@@ -261,7 +268,7 @@ class GlobalLocalNet(nn.Module):
         self.gate_eps = None if gate_eps is None else float(gate_eps)
         self.overlap, self.patch_batch = overlap, patch_batch
         self.pooling, self.with_spatial, self.coarse_size = pooling, spatial, coarse_size
-        self.coarse_residual = coarse_residual
+        self.coarse_residual, self.coarse_detach = coarse_residual, bool(coarse_detach)
         c = width
         def make_backbone() -> nn.Module:
             if backbone == "hrnet":
@@ -452,7 +459,8 @@ class GlobalLocalNet(nn.Module):
                     coarse_logits = F.interpolate(g_logits, size=coarse.shape[-2:], mode="bilinear",
                                                   align_corners=False)
                 if self.coarse_residual:  # each patch's region of the coarse prediction, at F1's size
-                    residual = roi_align(g_logits, boxes.to(g_logits.dtype), f1.shape[-2:],
+                    source = g_logits.detach() if self.coarse_detach else g_logits
+                    residual = roi_align(source, boxes.to(g_logits.dtype), f1.shape[-2:],
                                          spatial_scale=g.shape[-1] / self.coarse_size, sampling_ratio=-1,
                                          aligned=True)
             if self.training and self.global_dropout:  # some patches learn without their global view

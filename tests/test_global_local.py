@@ -582,3 +582,27 @@ def test_gate_eps_moves_the_f2_gate_in_proportion_to_its_gradient():
         _tiny(gate_eps=1.0)
     with pytest.raises(ValueError, match="gate_eps must be > 0"):
         _tiny(global_weight=0.0, gate_eps=0.0)
+
+
+def test_coarse_detach_keeps_the_patch_loss_out_of_the_coarse_head():
+    """``coarse_detach``: the same logits as without it, but a loss on the patch logits reaches the
+    coarse head and its backbone only through F2, never through the coarse logits added: the coarse
+    classifier gets no gradient from the patch loss (and all of it without the option)."""
+    opts = dict(coarse_head=True, coarse_residual=True, coarse_backbone=True, residual_init="random")
+    patches, coarse = torch.randn(2, 3, 32, 32), torch.randn(1, 3, 32, 32)
+    boxes = torch.tensor([[0, 0, 0, 16, 16], [0, 8, 8, 24, 24.0]])
+    grads, outs = {}, {}
+    for detach in (False, True):
+        model = _tiny(coarse_detach=detach, **opts)
+        out = model.forward_patches(patches, coarse, boxes)
+        out.square().mean().backward()
+        outs[detach] = out.detach()
+        grads[detach] = {n: p.grad for n, p in model.named_parameters()}
+    torch.testing.assert_close(outs[True], outs[False])            # the same network, the same answer
+    assert grads[False]["coarse_classifier.weight"].abs().sum() > 0
+    assert grads[True]["coarse_classifier.weight"] is None           # only its own loss trains it
+    assert any(g is not None and g.abs().sum() > 0 for n, g in grads[True].items()
+               if n.startswith("coarse_backbone."))                   # F2's way still trains the backbone
+    assert grads[True]["classifier.weight"].abs().sum() > 0
+    with pytest.raises(ValueError, match="coarse_detach needs coarse_residual"):
+        _tiny(coarse_head=True, coarse_detach=True)

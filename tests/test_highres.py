@@ -3,6 +3,7 @@ answers, a tiny end-to-end benchmark and `segment`."""
 
 import argparse
 import json
+import re
 
 import cv2
 import numpy as np
@@ -468,8 +469,21 @@ def test_every_benchmark_variant_trains_evaluates_and_rebuilds_from_its_options(
         again = build_network("global_local", 2, in_channels=3, **opts,
                               **({} if variant.use_global else {"use_global": False})).eval()
         again.load_state_dict(model.state_dict())          # strict: the same modules from the same options
+        assert again.coarse_detach == model.coarse_detach == bool(variant.options.get("coarse_detach")), name
         run = (lambda net: net(x)) if variant.use_global else (lambda net: net.forward_patches(x))
         with torch.no_grad():
             torch.testing.assert_close(run(again), run(model))
         groups = make_optimizer(model, TrainConfig(lr=1e-3)).param_groups
         assert len(groups) == (2 if opts.get("gate_eps") else 1), name
+
+
+def test_bench_highres_help_names_every_variant():
+    """`wsseg bench highres --help` says what each network of ``--variants`` is: every name of
+    ``VARIANTS`` appears in it (a variant added without a word of help fails here)."""
+    from flows.cli import parser
+
+    sub = next(a for a in parser()._actions if isinstance(a, argparse._SubParsersAction)).choices["bench"]
+    highres = next(a for a in sub._actions if isinstance(a, argparse._SubParsersAction)).choices["highres"]
+    text = " ".join(highres.format_help().split())
+    missing = [name for name in hr.VARIANTS if not re.search(rf"\b{name}\b", text)]
+    assert not missing, f"--variants help does not name {missing}"
