@@ -104,7 +104,8 @@ def test_bench_and_segment_end_to_end(tmp_path, monkeypatch, capsys):
     from flows.highres import bench_highres
     ids = _synthetic_hrf(tmp_path / "hrf")
     out = tmp_path / "bench" / "highres.json"
-    res = bench_highres(str(tmp_path / "hrf"), "train", str(out), train_n=3, eval_n=1, patch_size=16, scale=0.5,
+    monkeypatch.chdir(tmp_path)  # relative paths, as the README's command gives them: the probes still find both
+    res = bench_highres("hrf", "train", "bench/highres.json", train_n=3, eval_n=1, patch_size=16, scale=0.5,
                         steps=3, batch=2, width=8, blocks=(1, 1), overlap=4, threads=1)
     logs = capsys.readouterr().err.splitlines()  # progress goes to stderr; stdout is for --json
     saved = json.loads(out.read_text())

@@ -1,6 +1,7 @@
 """The layout a newcomer reads: tasks/ grouped into packages by what they are for, imports going
 one way (flows -> tasks -> models) with no circle between files or between tasks/'s packages
 (tools/import_graph.py, which CI runs here)."""
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -59,3 +60,16 @@ def test_the_command_line_module_stays_readable():
     flows/cli_bench.py, what they share in flows/cli_common.py."""
     lines = len((ROOT / "flows" / "cli.py").read_text().splitlines())
     assert lines < 600, f"flows/cli.py has {lines} lines"
+
+
+def test_a_module_that_finds_the_project_from_its_own_file_finds_it():
+    """``Path(__file__).resolve().parents[N]`` in tasks/, flows/, models/ and tools/ lands on the
+    project's folder: two were one level short after tasks/ became packages (`bench highres`'s memory
+    probe ran its child in tasks/, so a relative ``--out`` was not found; `bench train`'s default sample
+    pointed at tasks/flows/sample)."""
+    found = []
+    for path in sorted(p for part in ("tasks", "flows", "models", "tools") for p in (ROOT / part).rglob("*.py")):
+        for m in re.finditer(r"Path\(__file__\)\.resolve\(\)\.parents\[(\d+)\]", path.read_text()):
+            found.append(path.relative_to(ROOT))
+            assert path.parents[int(m.group(1))] == ROOT, f"{found[-1]}: parents[{m.group(1)}] is not the project"
+    assert Path("tasks/highres/train.py") in found and Path("tasks/bench/train.py") in found

@@ -31,7 +31,7 @@ from tasks.runtime.memory import pss_kb, reset_peak_rss, status_kb
 
 __all__ = ["prepare_corpus", "measure_training", "run_bench", "format_summary", "SAMPLE"]
 
-SAMPLE = Path(__file__).resolve().parents[1] / "flows" / "sample" / "msrc21"
+SAMPLE = Path(__file__).resolve().parents[2] / "flows" / "sample" / "msrc21"  # tasks/bench/train.py -> the project
 
 
 # ============================================================================ process memory

@@ -49,7 +49,7 @@ __all__ = ["reduce_mask", "reduce_fractions", "soft_cross_entropy", "upsample_la
            "Variant", "VARIANTS", "DEFAULT_VARIANTS", "train_variant", "evaluate_variant", "save_bench_model",
            "write_overlay", "measure_segment_memory"]
 
-_ROOT = Path(__file__).resolve().parents[1]
+_ROOT = Path(__file__).resolve().parents[2]  # the project (tasks/highres/train.py), for the probe's child
 
 
 @dataclass(frozen=True)
@@ -735,6 +735,8 @@ def run_segment_command(checkpoint: Path, image: Path, out_dir: Path, *, overlap
     api = _prefect_api_url()
     if api:
         env["PREFECT_API_URL"] = api        # the parent's Prefect API: the child starts no server of its own
+    # the child runs in the project's folder: relative paths (the README's `--out runs/...`) are made whole first
+    image, checkpoint, out_dir = (Path(p).resolve() for p in (image, checkpoint, out_dir))
     cmd = [sys.executable, "-m", "flows.cli", "segment", str(image), "--model", str(checkpoint), "--out",
            str(out_dir), "--overlap", str(overlap), "--batch", str(batch), "--threads", str(threads)]
     proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env, cwd=str(_ROOT))
