@@ -174,9 +174,10 @@ class GlobalLocalNet(nn.Module):
         network starts as the coarse prediction and the patches learn a correction of it.
     coarse_detach : bool
         With ``coarse_residual``, the coarse logits enter the patches' without a gradient back: the
-        coarse head and its backbone learn the coarse image from its own loss only, and the patch
-        path takes that prediction as it is (as a stacked model takes a base model's), instead of
-        also bending it towards whatever lowers the patch loss on the training images.
+        coarse head learns the coarse image from its own loss only (its backbone also from the patch
+        loss through F2), and the patch path takes that prediction as it is (as a stacked model takes
+        a base model's), instead of also bending it towards whatever lowers the patch loss on the
+        training images.
     residual_gate : bool
         A learnt weight per class of the coarse logits in ``coarse_residual``, starting at 1.
     residual_weight : float, optional
