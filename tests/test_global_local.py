@@ -585,9 +585,9 @@ def test_gate_eps_moves_the_f2_gate_in_proportion_to_its_gradient():
 
 
 def test_coarse_detach_keeps_the_patch_loss_out_of_the_coarse_head():
-    """``coarse_detach``: the same logits as without it, but a loss on the patch logits reaches the
-    coarse head and its backbone only through F2, never through the coarse logits added: the coarse
-    classifier gets no gradient from the patch loss (and all of it without the option)."""
+    """``coarse_detach``: the same logits as without it, but a loss on the patch logits no longer reaches
+    the coarse classifier through the coarse logits added (without the option it does), while the
+    coarse backbone still learns from it through F2."""
     opts = dict(coarse_head=True, coarse_residual=True, coarse_backbone=True, residual_init="random")
     patches, coarse = torch.randn(2, 3, 32, 32), torch.randn(1, 3, 32, 32)
     boxes = torch.tensor([[0, 0, 0, 16, 16], [0, 8, 8, 24, 24.0]])
