@@ -481,10 +481,9 @@ def test_every_benchmark_variant_trains_evaluates_and_rebuilds_from_its_options(
 def test_bench_highres_help_names_every_variant():
     """`wsseg bench highres --help` says what each network of ``--variants`` is: every name of
     ``VARIANTS`` appears in it (a variant added without a word of help fails here)."""
-    from flows.cli import parser
+    from flows import cli_bench
 
-    sub = next(a for a in parser()._actions if isinstance(a, argparse._SubParsersAction)).choices["bench"]
-    highres = next(a for a in sub._actions if isinstance(a, argparse._SubParsersAction)).choices["highres"]
+    highres = cli_bench.add_bench_highres_parser(argparse.ArgumentParser(prog="wsseg bench").add_subparsers())
     text = " ".join(highres.format_help().split())
     missing = [name for name in hr.VARIANTS if not re.search(rf"\b{name}\b", text)]
     assert not missing, f"--variants help does not name {missing}"
