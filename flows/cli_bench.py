@@ -95,18 +95,21 @@ def cmd_bench_highres(args) -> int:
     from flows.runtime import prefect_api, prepare
 
     prepare(Path(args.out).resolve().parent)  # Prefect and MLflow state beside the result JSON (locked: flows.cli)
-    from flows.highres import bench_highres
+    from flows.highres import bench_highres, check_bench_inputs
 
+    variants = tuple(v for arg in args.variants for v in arg.split(",") if v)
     try:
+        check_bench_inputs(str(args.data), args.split, train_n=args.train_n, eval_n=args.eval_n,
+                           eval_split=args.eval_split, variants=variants, folds=args.folds)
         with prefect_api() as ready:
             ready()
             res = bench_highres(str(args.data), args.split, str(args.out), train_n=args.train_n, eval_n=args.eval_n,
                           patch_size=args.patch_size, scale=args.scale, steps=args.steps, batch=args.batch,
                           lr=args.lr, width=args.width, overlap=args.overlap, balanced=args.balanced, seed=args.seed,
                           threads=args.threads, device=args.device, eval_split=args.eval_split,
-                          variants=tuple(v for arg in args.variants for v in arg.split(",") if v),
+                          variants=variants,
                           images_per_batch=args.images_per_batch,
-                          memory_probe=args.memory_probe, backbone=args.backbone)
+                          memory_probe=args.memory_probe, backbone=args.backbone, folds=args.folds)
     except ValueError as e:
         print(f"wsseg bench highres: error: {e}", file=sys.stderr)
         return 2
@@ -136,6 +139,11 @@ def add_bench_highres_parser(bench) -> argparse.ArgumentParser:
                    help="training images (default 12; with --eval-split all of --split)")
     p.add_argument("--eval-n", type=int, default=None,
                    help="evaluation images (default 3; with --eval-split all of it)")
+    p.add_argument("--folds", type=int, default=1, metavar="K",
+                   help="cross-validate: K evaluation sets of --eval-n images in turn, drawn as the single split "
+                        "draws its own (fold 0 is it; HRF's 15 images: --folds 5 leaves each unseen once), every "
+                        "network trained once per fold on the rest, figures pooled over all K sets and given per "
+                        "fold; K times the training time; not with --eval-split (default 1: the single split)")
     p.add_argument("--patch-size", type=int, default=256, help="patch side at working resolution (default 256)")
     p.add_argument("--scale", type=float, default=0.5, help="working resolution / original (default 0.5)")
     p.add_argument("--steps", type=int, default=400, help="training steps per variant (default 400)")

@@ -299,6 +299,37 @@ def test_confusion_and_class_scores_known_answer():
         hr.confusion(pred, mask[:, :3], 4)
 
 
+def test_load_split_folds_leave_every_image_out_once(tmp_path):
+    """Fold 0 is the single split; folds 0..K-1 evaluate every id once, one per group each, and train on the
+    rest; a fold past the ids, or a fold with an evaluation split of its own, is a one-line error."""
+    ids = [f"{n:02d}_{g}" for g in ("dr", "g", "h") for n in (1, 2, 3)]
+    (tmp_path / "train.txt").write_text("\n".join(ids) + "\n")
+    (tmp_path / "val.txt").write_text("x\n")
+    assert hr.load_split(tmp_path, "train", train_n=6, eval_n=3, fold=0) == hr.load_split(tmp_path, "train",
+                                                                                         train_n=6, eval_n=3)
+    seen = []
+    for fold, number in enumerate(("03", "02", "01")):
+        train, evals = hr.load_split(tmp_path, "train", train_n=6, eval_n=3, fold=fold)
+        assert evals == [f"{number}_dr", f"{number}_g", f"{number}_h"]
+        assert train == [i for i in ids if i not in evals]
+        seen += evals
+    assert sorted(seen) == sorted(ids)
+    with pytest.raises(ValueError, match=r"fold 3 of 3 evaluation images needs 12 ids.*train\.txt has 9: folds 0 to 2"):
+        hr.load_split(tmp_path, "train", train_n=6, eval_n=3, fold=3)
+    with pytest.raises(ValueError, match="only fold 0"):
+        hr.load_split(tmp_path, "train", eval_split="val", fold=1)
+
+
+def test_scores_from_confusion_are_the_vessel_and_class_scores():
+    pred = np.array([[1, 1, 0, 0], [0, 1, 1, 0]], np.uint8)
+    mask = np.array([[1, 0, 1, 255], [0, 1, 1, 1]], np.uint8)
+    conf = hr.confusion(pred, mask, 2)
+    s, want = hr.scores_from_confusion("v", conf, ["background", "vessel"]), hr.vessel_scores([pred], [mask])
+    assert s == {"v_iou": want["iou"], "v_f1": want["f1"]} and want["iou"] == pytest.approx(3 / 6)
+    three = hr.scores_from_confusion("v", hr.confusion(pred, mask, 3), ["a", "b", "c"])
+    assert three["v_miou"] == pytest.approx(hr.class_scores(hr.confusion(pred, mask, 3), ["a", "b", "c"])["miou"])
+
+
 def test_load_split_with_an_eval_split(tmp_path):
     (tmp_path / "train.txt").write_text("a\nb\nc\n")
     (tmp_path / "val.txt").write_text("x\ny\n")
@@ -386,6 +417,57 @@ def test_bench_on_an_upscaled_multiclass_corpus(tmp_path, capsys):
     assert "mIoU" in capsys.readouterr().err
     with pytest.raises(ValueError, match="unknown variants"):
         bench_highres(str(data), "train", str(out), eval_split="val", variants=("global_local", "nope"))
+
+
+def test_bench_cross_validates_in_folds(tmp_path, capsys):
+    """--folds 2 on four synthetic retinas: each fold's evaluation image is unseen by that fold's networks, the
+    two folds' images differ, and the figures are those of the confusions summed over both, which count every
+    annotated pixel of both evaluation masks once; the checkpoint is fold 0's."""
+    from flows.highres import bench_highres
+    _synthetic_hrf(tmp_path / "hrf")
+    out = tmp_path / "bench" / "cv.json"
+    res = bench_highres(str(tmp_path / "hrf"), "train", str(out), train_n=3, eval_n=1, patch_size=16, scale=0.5,
+                        steps=2, batch=2, width=8, blocks=(1, 1), overlap=4, threads=1, backbone="hrnet",
+                        variants=("global_local", "patch_only"), memory_probe=False, folds=2)
+    saved = json.loads(out.read_text())
+    assert saved == json.loads(json.dumps(res, default=str))
+    folds = saved["folds"]
+    assert [f["eval_ids"] for f in folds] == [["03_dr"], ["02_g"]] and saved["eval_ids"] == ["03_dr"]
+    for f in folds:
+        assert not set(f["eval_ids"]) & set(f["train_ids"]) and len(f["train_ids"]) == 3
+    annotated = sum(int((files.read_mask(tmp_path / "hrf" / "masks" / f"{i}.png") != 255).sum())
+                    for i in ("03_dr", "02_g"))
+    for name in ("global_local", "patch_only"):
+        summed = np.sum([f[f"{name}_confusion"] for f in folds], axis=0)
+        assert saved[f"{name}_confusion"] == summed.tolist() and summed.sum() == annotated
+        assert saved[f"{name}_iou"] == hr.scores_from_confusion(name, summed, ["background", "vessel"])[f"{name}_iou"]
+        assert saved[f"{name}_fold_iou"] == [f[f"{name}_iou"] for f in folds]
+    assert saved["cross_validation"]["folds"] == 2 and saved["cross_validation"]["eval_images"] == 2
+    assert out.with_name("cv_global_local.pt").exists()
+    err = capsys.readouterr().err
+    assert "fold 2/2: evaluation images 02_g" in err and "global_local: vessel IoU" in err and "in 2 folds" in err
+    with pytest.raises(ValueError, match=r"fold 4 .*train\.txt has 4"):      # before any training
+        bench_highres(str(tmp_path / "hrf"), "train", str(out), train_n=3, eval_n=1, folds=5)
+
+
+def test_bench_highres_refuses_bad_folds_in_one_line_before_prefect(tmp_path):
+    """A fold past the images, or folds with an evaluation split, are the command's one error line (no
+    Prefect traceback) and leave no result behind."""
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    _synthetic_hrf(tmp_path / "hrf")
+    (tmp_path / "hrf" / "val.txt").write_text("01_h\n")
+    root = Path(__file__).resolve().parents[1]
+    for extra, said in ((["--folds", "5"], "fold 4 of 1 evaluation images needs 5 ids"),
+                        (["--folds", "2", "--eval-split", "val"], "there is only fold 0")):
+        out = subprocess.run([sys.executable, "-m", "flows.cli", "bench", "highres", "--data", str(tmp_path / "hrf"),
+                              "--eval-n", "1", "--train-n", "3", "--out", str(tmp_path / "b" / "x.json"), *extra],
+                             cwd=root, capture_output=True, text=True, timeout=300)
+        errors = [line for line in out.stderr.splitlines() if "error" in line.lower()]
+        assert out.returncode == 2 and len(errors) == 1 and said in errors[0], out.stderr
+        assert "Traceback" not in out.stderr and not (tmp_path / "b" / "x.json").exists()
 
 
 def test_reduce_fractions_keeps_a_class_thinner_than_a_reduced_pixel():

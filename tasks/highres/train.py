@@ -9,7 +9,7 @@ the pieces of ``wsseg bench highres``.
 * scoring: :func:`predict`, :func:`confusion`, :func:`vessel_scores` (two classes),
   :func:`class_scores` (per-class IoU and mIoU);
 * the benchmark's steps: :data:`VARIANTS`, :func:`train_variant`, :func:`evaluate_variant`,
-  :func:`save_bench_model`, :func:`write_overlay`, :func:`measure_segment_memory` (peak memory
+  :func:`scores_from_confusion` (also of confusions pooled over folds), :func:`save_bench_model`, :func:`write_overlay`, :func:`measure_segment_memory` (peak memory
   of the real ``wsseg segment`` command in a subprocess).
 
 Working resolution: HRF photographs are 3504 x 2336; the benchmark processes them at
@@ -46,8 +46,8 @@ from tasks.store import build_network, files
 __all__ = ["reduce_mask", "reduce_fractions", "soft_cross_entropy", "upsample_labels", "load_split", "load_images",
            "dataset_classes", "PatchBatches", "train_highres", "confusion", "vessel_scores", "class_scores", "predict",
            "BenchData", "load_bench_data",
-           "Variant", "VARIANTS", "DEFAULT_VARIANTS", "train_variant", "evaluate_variant", "save_bench_model",
-           "write_overlay", "measure_segment_memory"]
+           "Variant", "VARIANTS", "DEFAULT_VARIANTS", "train_variant", "evaluate_variant", "scores_from_confusion",
+           "save_bench_model", "write_overlay", "measure_segment_memory"]
 
 _ROOT = Path(__file__).resolve().parents[2]  # the project (tasks/highres/train.py), for the probe's child
 
@@ -200,17 +200,24 @@ def upsample_labels(labels, height: int, width: int, *, out=None, band: int = 10
 
 
 def load_split(data_dir: str | os.PathLike, split: str = "train", *, train_n: int | None = 12,
-               eval_n: int | None = 3, eval_split: str | None = None) -> tuple[list[str], list[str]]:
+               eval_n: int | None = 3, eval_split: str | None = None, fold: int = 0) -> tuple[list[str], list[str]]:
     """Training and evaluation ids.
 
     Without ``eval_split``, the ids of ``<data_dir>/<split>.txt`` are divided: evaluation ids
     are taken from the end of each id-suffix group in turn (for HRF: the last healthy,
-    glaucoma and diabetic image), training ids are the first ``train_n`` of the rest.  With
+    glaucoma and diabetic image), training ids are the first ``train_n`` of the rest.  ``fold``
+    f takes the next ``eval_n`` of that order instead of the first, after ``f * eval_n`` (HRF, 15
+    images: fold 0 is the 05 images, fold 1 the 04 images, ... fold 4 the 01 images), so that
+    folds 0 to ``len(ids) // eval_n - 1`` evaluate every image once (cross-validation).  With
     ``eval_split``, training ids are the first ``train_n`` of ``<split>.txt`` and evaluation
-    ids the first ``eval_n`` of ``<eval_split>.txt`` (None: all of them).
+    ids the first ``eval_n`` of ``<eval_split>.txt`` (None: all of them; only fold 0).
     """
     ids = files.dataset_ids(data_dir, split)
+    if fold < 0:
+        raise ValueError(f"fold must be >= 0, got {fold}")
     if eval_split is not None:
+        if fold:
+            raise ValueError(f"folds divide one split; with an evaluation split ({eval_split}) there is only fold 0")
         evals = files.dataset_ids(data_dir, eval_split)
         for n, listing, name in ((train_n, ids, split), (eval_n, evals, eval_split)):
             if n is not None and not 1 <= n <= len(listing):
@@ -221,14 +228,18 @@ def load_split(data_dir: str | os.PathLike, split: str = "train", *, train_n: in
     if train_n < 1 or eval_n < 1 or train_n + eval_n > len(ids):
         raise ValueError(f"train_n + eval_n must be between 2 and {len(ids)} (the ids in "
                          f"{Path(data_dir) / f'{split}.txt'})")
+    if (fold + 1) * eval_n > len(ids):
+        raise ValueError(f"fold {fold} of {eval_n} evaluation images needs {(fold + 1) * eval_n} ids, "
+                         f"{Path(data_dir) / f'{split}.txt'} has {len(ids)}: folds 0 to {len(ids) // eval_n - 1}")
     groups: dict[str, list[str]] = {}
     for i in ids:
         groups.setdefault(i.rsplit("_", 1)[-1], []).append(i)
-    evals: list[str] = []
-    while len(evals) < eval_n:
+    order: list[str] = []      # the last id of each group in turn, then the one before, ...
+    while len(order) < len(ids):
         for g in sorted(groups):
-            if groups[g] and len(evals) < eval_n:
-                evals.append(groups[g].pop())
+            if groups[g]:
+                order.append(groups[g].pop())
+    evals = order[fold * eval_n:(fold + 1) * eval_n]
     train = [i for i in ids if i not in evals][:train_n]
     return train, sorted(evals)
 
@@ -627,11 +638,12 @@ class BenchData:
 
 
 def load_bench_data(data_dir: str | os.PathLike, split: str, *, train_n: int | None, eval_n: int | None,
-                    scale: float, eval_split: str | None = None) -> BenchData:
+                    scale: float, eval_split: str | None = None, fold: int = 0) -> BenchData:
     """Training images and masks at ``scale``; evaluation images at ``scale`` with their full masks;
-    the corpus's classes (:func:`dataset_classes`)."""
+    the corpus's classes (:func:`dataset_classes`); ``fold`` as :func:`load_split` takes it."""
     classes = dataset_classes(data_dir)
-    train_ids, eval_ids = load_split(data_dir, split, train_n=train_n, eval_n=eval_n, eval_split=eval_split)
+    train_ids, eval_ids = load_split(data_dir, split, train_n=train_n, eval_n=eval_n, eval_split=eval_split,
+                                     fold=fold)
     k = len(classes)
     images, masks, _ = load_images(data_dir, train_ids, scale, num_classes=k)
     ev_images, _, ev_full = load_images(data_dir, eval_ids, scale, full_masks=True, num_classes=k)
@@ -681,33 +693,42 @@ def evaluate_variant(name: str, model, data: BenchData, *, mode: str, overlap: i
                      log: Callable[[str], None] = _say) -> tuple[np.ndarray, dict]:
     """Score a variant on the evaluation images, its predictions upsampled to the full masks.
 
-    Two classes: pooled vessel IoU / F1 (``<name>_iou``, ``<name>_f1``); more: ``<name>_miou``,
-    ``<name>_class_iou`` and ``<name>_pixel_accuracy`` (:func:`class_scores`).  Returns the first
-    evaluation image's full-size prediction (for the overlay) and the figures.
+    The figures of :func:`scores_from_confusion`, the pooled confusion itself (``<name>_confusion``, rows the
+    true class, for pooling over folds) and ``<name>_eval_seconds``.  Returns the first evaluation image's
+    full-size prediction (for the overlay) and the figures.
     """
     t = time.perf_counter()
     k = data.num_classes
     conf = np.zeros((k, k), np.int64)
-    tp = fp = fn = 0
     first = None
     for image, full in zip(data.eval_images, data.eval_full_masks):
         pred = upsample_labels(predict(model, image, mode=mode, overlap=overlap, batch=batch, device=device),
                                *full.shape)
-        if k == 2:
-            s = vessel_scores([pred], [full])
-            tp, fp, fn = tp + s["tp"], fp + s["fp"], fn + s["fn"]
-        else:
-            conf += confusion(pred, full, k)
+        conf += confusion(pred, full, k)
         first = pred if first is None else first
-    seconds = {f"{name}_eval_seconds": round(time.perf_counter() - t, 1)}
+    scores = scores_from_confusion(name, conf, data.classes)
     if k == 2:
-        iou, f1 = tp / max(tp + fp + fn, 1), 2 * tp / max(2 * tp + fp + fn, 1)
-        log(f"  {name}: vessel IoU {iou:.4f}  F1 {f1:.4f}")
-        return first, {f"{name}_iou": iou, f"{name}_f1": f1, **seconds}
-    s = class_scores(conf, data.classes)
-    log(f"  {name}: mIoU {s['miou']:.4f}  pixel accuracy {s['pixel_accuracy']:.4f}")
-    return first, {f"{name}_miou": s["miou"], f"{name}_class_iou": {c: round(v, 4) for c, v in s["class_iou"].items()},
-                   f"{name}_pixel_accuracy": s["pixel_accuracy"], **seconds}
+        log(f"  {name}: vessel IoU {scores[f'{name}_iou']:.4f}  F1 {scores[f'{name}_f1']:.4f}")
+    else:
+        log(f"  {name}: mIoU {scores[f'{name}_miou']:.4f}  pixel accuracy {scores[f'{name}_pixel_accuracy']:.4f}")
+    return first, {**scores, f"{name}_confusion": conf.tolist(),
+                   f"{name}_eval_seconds": round(time.perf_counter() - t, 1)}
+
+
+def scores_from_confusion(name: str, conf, classes: Sequence[str]) -> dict:
+    """A variant's figures from its (K, K) confusion pooled over evaluation images (:func:`confusion`).
+
+    Two classes: the vessel's (class 1) IoU and F1 (``<name>_iou``, ``<name>_f1``, as
+    :func:`vessel_scores`); more: ``<name>_miou``, ``<name>_class_iou`` and ``<name>_pixel_accuracy``
+    (:func:`class_scores`).
+    """
+    conf = np.asarray(conf, dtype=np.int64)
+    if len(classes) == 2:
+        tp, fp, fn = int(conf[1, 1]), int(conf[0, 1]), int(conf[1, 0])
+        return {f"{name}_iou": tp / max(tp + fp + fn, 1), f"{name}_f1": 2 * tp / max(2 * tp + fp + fn, 1)}
+    s = class_scores(conf, classes)
+    return {f"{name}_miou": s["miou"], f"{name}_class_iou": {c: round(v, 4) for c, v in s["class_iou"].items()},
+            f"{name}_pixel_accuracy": s["pixel_accuracy"]}
 
 
 def save_bench_model(out_json: str | os.PathLike, model, *, options: dict, scale: float, overlap: int,
