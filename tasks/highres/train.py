@@ -9,8 +9,9 @@ the pieces of ``wsseg bench highres``.
 * scoring: :func:`predict`, :func:`confusion`, :func:`vessel_scores` (two classes),
   :func:`class_scores` (per-class IoU and mIoU);
 * the benchmark's steps: :data:`VARIANTS`, :func:`train_variant`, :func:`evaluate_variant`,
-  :func:`scores_from_confusion` (also of confusions pooled over folds), :func:`save_bench_model`, :func:`write_overlay`, :func:`measure_segment_memory` (peak memory
-  of the real ``wsseg segment`` command in a subprocess).
+  :func:`scores_from_confusion` (also of confusions pooled over folds), :func:`save_bench_model`,
+  :func:`write_overlay`, :func:`measure_segment_memory` (peak memory of the real ``wsseg segment``
+  command in a subprocess).
 
 Working resolution: HRF photographs are 3504 x 2336; the benchmark processes them at
 ``scale=0.5`` (1752 x 1168, decoded directly at half size by the JPEG decoder), with masks
