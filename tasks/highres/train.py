@@ -557,7 +557,12 @@ def vessel_scores(preds: Sequence[np.ndarray], masks: Sequence[np.ndarray], *, p
         tp += int((p & t).sum())
         fp += int((p & ~t).sum())
         fn += int((~p & t).sum())
-    return {"iou": tp / max(tp + fp + fn, 1), "f1": 2 * tp / max(2 * tp + fp + fn, 1), "tp": tp, "fp": fp, "fn": fn}
+    return {**_iou_f1(tp, fp, fn), "tp": tp, "fp": fp, "fn": fn}
+
+
+def _iou_f1(tp: int, fp: int, fn: int) -> dict:
+    """``{"iou", "f1"}`` of one class from its pooled counts (0 when there is nothing to count)."""
+    return {"iou": tp / max(tp + fp + fn, 1), "f1": 2 * tp / max(2 * tp + fp + fn, 1)}
 
 
 def class_scores(conf: np.ndarray, names: Sequence[str]) -> dict:
@@ -725,8 +730,7 @@ def scores_from_confusion(name: str, conf, classes: Sequence[str]) -> dict:
     """
     conf = np.asarray(conf, dtype=np.int64)
     if len(classes) == 2:
-        tp, fp, fn = int(conf[1, 1]), int(conf[0, 1]), int(conf[1, 0])
-        return {f"{name}_iou": tp / max(tp + fp + fn, 1), f"{name}_f1": 2 * tp / max(2 * tp + fp + fn, 1)}
+        return {f"{name}_{k}": v for k, v in _iou_f1(int(conf[1, 1]), int(conf[0, 1]), int(conf[1, 0])).items()}
     s = class_scores(conf, classes)
     return {f"{name}_miou": s["miou"], f"{name}_class_iou": {c: round(v, 4) for c, v in s["class_iou"].items()},
             f"{name}_pixel_accuracy": s["pixel_accuracy"]}
