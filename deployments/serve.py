@@ -61,7 +61,7 @@ def main(argv: list[str] | None = None) -> int:
     from prefect.schedules import Cron
     from prefect.settings import PREFECT_API_URL
 
-    from tasks.config import WSSSConfig
+    from wsseg.tasks.config import WSSSConfig
 
     if not PREFECT_API_URL.value():
         print("serve.py: PREFECT_API_URL is not set: start a Prefect server (prefect server start --host "

@@ -26,17 +26,17 @@ from pathlib import Path
 
 from prefect import flow
 
-from flows.bench_quality import score_model
-from flows.naming import FlowRunName
-from flows.runtime import on_cluster
-from flows.wsss import compute_all_features, evaluate_sources, gate_options, train_wsss
-from tasks.bench import corrections as bc
-from tasks.bench import quality
-from tasks.config import WSSSConfig
-from tasks.labels.corrections import ingest_corrections
-from tasks.labels.review import review_table
-from tasks.store import Store
-from tasks.store.files import write_palette_png
+from wsseg.flows.bench_quality import score_model
+from wsseg.flows.naming import FlowRunName
+from wsseg.flows.runtime import on_cluster
+from wsseg.flows.wsss import compute_all_features, evaluate_sources, gate_options, train_wsss
+from wsseg.tasks.bench import corrections as bc
+from wsseg.tasks.bench import quality
+from wsseg.tasks.config import WSSSConfig
+from wsseg.tasks.labels.corrections import ingest_corrections
+from wsseg.tasks.labels.review import review_table
+from wsseg.tasks.store import Store
+from wsseg.tasks.store.files import write_palette_png
 
 
 def _miou(run_dir: str, records, r: int, shard_size: int, stage: str) -> float | None:

@@ -38,22 +38,22 @@ from typing import Any, Callable, Iterator
 
 from prefect import flow, task
 
-from flows.naming import FlowRunName, ShardRunName
-from flows.runtime import dask_cluster, on_cluster
-from flows.wsss import SHARD_TASK, handing, ingest, pending_shards, run_shards, shards_of
-from tasks.bench import pipeline as tb
-from tasks.config import WSSSConfig
-from tasks.corpus import ingest as ing
-from tasks.runtime.memory import reset_peak_rss, rss_mb
-from tasks.runtime.progress import Progress
-from tasks.store import ImageRecord, Store, files
-from tasks.wsss import mil
-from tasks.wsss import proposal_classifier
-from tasks.wsss.classifier import train_image_classifier
-from tasks.wsss.crf import CRF_DEFAULTS
-from tasks.wsss.feature_cache import FEATURE_STAGE, feature_key
-from tasks.wsss.pipeline import foreground_on
-from tasks.wsss.segmenter import round_model_config, train_segmenter
+from wsseg.flows.naming import FlowRunName, ShardRunName
+from wsseg.flows.runtime import dask_cluster, on_cluster
+from wsseg.flows.wsss import SHARD_TASK, handing, ingest, pending_shards, run_shards, shards_of
+from wsseg.tasks.bench import pipeline as tb
+from wsseg.tasks.config import WSSSConfig
+from wsseg.tasks.corpus import ingest as ing
+from wsseg.tasks.runtime.memory import reset_peak_rss, rss_mb
+from wsseg.tasks.runtime.progress import Progress
+from wsseg.tasks.store import ImageRecord, Store, files
+from wsseg.tasks.wsss import mil
+from wsseg.tasks.wsss import proposal_classifier
+from wsseg.tasks.wsss.classifier import train_image_classifier
+from wsseg.tasks.wsss.crf import CRF_DEFAULTS
+from wsseg.tasks.wsss.feature_cache import FEATURE_STAGE, feature_key
+from wsseg.tasks.wsss.pipeline import foreground_on
+from wsseg.tasks.wsss.segmenter import round_model_config, train_segmenter
 
 __all__ = ["bench_pipeline", "round_pass", "replicate_source", "Bench", "CASES"]
 
@@ -253,7 +253,7 @@ def full_case(b: Bench, n: int, first: bool = True) -> dict:
     Steps 1, 2 and 5 are measured once per run directory and recorded in ``RUN/n<N>/measured.json``:
     the same command again reports those figures and measures step 3, the rerun, afresh (a
     changed configuration is refused, as ``wsseg train`` refuses it)."""
-    from flows.wsss import check_config
+    from wsseg.flows.wsss import check_config
 
     main = Store(b.path(n, "run"))
     record, settings = b.path(n, "measured.json"), b.settings(n)
@@ -369,8 +369,8 @@ def incremental_case(b: Bench, n: int, first: bool = True) -> dict:
     (target <= 1.2), and the cost of an ingest again of the unchanged source (no image decoded)."""
     if not first:
         return {"skipped": "measured at the first corpus size only"}
-    from flows.wsss import check_config, refresh, refresh_round
-    from tasks.corpus.encoders import with_weight_digests
+    from wsseg.flows.wsss import check_config, refresh, refresh_round
+    from wsseg.tasks.corpus.encoders import with_weight_digests
 
     new = max(1, n // 10)
     home = b.path(n, "incremental")

@@ -39,19 +39,19 @@ from typing import Any
 import numpy as np
 from prefect import flow, task
 
-from flows.naming import FlowRunName, ShardRunName
-from flows.runtime import on_cluster
-from flows.wsss import (SHARD_TASK, compute_all_features, evaluate_sources, gate_options, handing, ingest,
+from wsseg.flows.naming import FlowRunName, ShardRunName
+from wsseg.flows.runtime import on_cluster
+from wsseg.flows.wsss import (SHARD_TASK, compute_all_features, evaluate_sources, gate_options, handing, ingest,
                         run_shards, shards_of, train_wsss)
-from tasks.bench import ablation
-from tasks.bench import quality
-from tasks.config import WSSSConfig
-from tasks.corpus.encoders import with_weight_digests
-from tasks.report.figures import write_quality_report
-from tasks.store import ImageRecord, Store
-from tasks.wsss.crf import CRF_DEFAULTS, cam_crf_shard
-from tasks.wsss.pipeline import box_grabcut_shard
-from tasks.wsss.segmenter import final_model_config, train_segmenter
+from wsseg.tasks.bench import ablation
+from wsseg.tasks.bench import quality
+from wsseg.tasks.config import WSSSConfig
+from wsseg.tasks.corpus.encoders import with_weight_digests
+from wsseg.tasks.report.figures import write_quality_report
+from wsseg.tasks.store import ImageRecord, Store
+from wsseg.tasks.wsss.crf import CRF_DEFAULTS, cam_crf_shard
+from wsseg.tasks.wsss.pipeline import box_grabcut_shard
+from wsseg.tasks.wsss.segmenter import final_model_config, train_segmenter
 
 __all__ = ["bench_quality", "score_model", "seed_spread", "run_ablations", "compare_networks",
            "measure_train_speed"]
@@ -168,7 +168,7 @@ def evaluation_key(store: Store, records: list[ImageRecord], key: str, gate: dic
     checkpoint (and of the image classifier when it gates), the gate's scales, the corpus hash of
     the images with masks, a digest of their masks and the feature key of their edge maps; None
     on object storage (not cached there) or without the checkpoint."""
-    from tasks.store import corpus_hash, sha256_file
+    from wsseg.tasks.store import corpus_hash, sha256_file
 
     path = store.checkpoint_path(kind, r, name=name)
     if store.remote or not path.is_file():

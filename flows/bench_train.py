@@ -11,9 +11,9 @@ from pathlib import Path
 
 from prefect import flow
 
-from flows.naming import FlowRunName
-from tasks.bench import train as bt
-from tasks.runtime.tracking import Tracker
+from wsseg.flows.naming import FlowRunName
+from wsseg.tasks.bench import train as bt
+from wsseg.tasks.runtime.tracking import Tracker
 
 __all__ = ["bench_train"]
 

@@ -21,12 +21,12 @@ import sys
 from pathlib import Path
 
 
-from flows.cli_bench import (add_bench_quality_parser, add_bench_highres_parser, add_bench_train_parser,
+from wsseg.flows.cli_bench import (add_bench_quality_parser, add_bench_highres_parser, add_bench_train_parser,
                              add_bench_pipeline_parser, add_bench_corrections_parser)
-from flows.cli_common import (DEFAULT_RUN_DIR, version_text, common_args, storage_args, apply_storage_args,
+from wsseg.flows.cli_common import (DEFAULT_RUN_DIR, version_text, common_args, storage_args, apply_storage_args,
                               config_args, build_config, DEMO_CONFIG, register_arg, reader_args)
-from tasks.labels.formats import FORMATS as EXPORT_FORMATS
-from flows.commands import (cmd_ingest, cmd_refresh, cmd_train, cmd_demo, cmd_evaluate, cmd_export, cmd_review, cmd_status,
+from wsseg.tasks.labels.formats import FORMATS as EXPORT_FORMATS
+from wsseg.flows.commands import (cmd_ingest, cmd_refresh, cmd_train, cmd_demo, cmd_evaluate, cmd_export, cmd_review, cmd_status,
                             cmd_ui, add_segment_parser)
 
 
@@ -211,7 +211,7 @@ def command_name(args) -> str:
 def precheck(args) -> None:
     """Input mistakes that cost nothing to find, found before Prefect, Dask or the run directory
     are touched (so the error comes in a second and nothing is left behind)."""
-    from tasks.store import Store
+    from wsseg.tasks.store import Store
 
     name = command_name(args)
     if name in ("train", "demo"):
@@ -233,7 +233,7 @@ def precheck(args) -> None:
         if args.source is None and not Store(args.run_dir).has_corpus():
             raise ValueError(f"{args.run_dir}: no corpus here; ingest the images (SOURCE) before their corrections")
     if name == "segment":  # a missing, damaged or untrusted checkpoint is refused before any flow starts
-        from tasks.store import files, read_file
+        from wsseg.tasks.store import files, read_file
 
         read_file(files.resolve_checkpoint(args.model))
         missing = [p for p in args.inputs if not Path(p).is_file()]
@@ -271,7 +271,7 @@ def _record_error(run_dir: Path | None, args, e: BaseException) -> None:
     if run_dir is None:
         return
     try:
-        from tasks.store import Store
+        from wsseg.tasks.store import Store
 
         store = Store(run_dir)
         if store.has_corpus():
@@ -302,7 +302,7 @@ def main(argv: list[str] | None = None) -> int:
     try:
         apply_storage_args(args)
         if getattr(args, "run_dir", None):
-            from tasks.store import Store
+            from wsseg.tasks.store import Store
 
             store = Store(args.run_dir)  # a URL whose scheme has no installed package is refused here
             if store.remote and name not in REMOTE_COMMANDS:
@@ -312,27 +312,27 @@ def main(argv: list[str] | None = None) -> int:
             run_dir, existed = (store.root if store.remote else Path(args.run_dir)), store.exists()
         precheck(args)
         if run_dir is not None:
-            from flows.runtime import prepare
+            from wsseg.flows.runtime import prepare
 
             prepare(run_dir, verbose=verbose)
         if name not in ("status", "export", "review"):  # the others start processes (a Prefect API at least)
-            from flows.runtime import start_reaper
+            from wsseg.flows.runtime import start_reaper
 
             start_reaper()
         if run_dir is not None and name in WRITERS:
-            from tasks.store import Store
+            from wsseg.tasks.store import Store
 
             with Store(run_dir).lock(f"wsseg {name}"):
                 return args.func(args)
         if name in OUT_WRITERS:
-            from tasks.store import RunLock
+            from wsseg.tasks.store import RunLock
 
             folder, option = OUT_WRITERS[name]
             with RunLock(folder(args), f"wsseg {name}", option=option):
                 return args.func(args)
         return args.func(args)
     except Exception as e:  # clear one-line errors for input problems, tracebacks for bugs
-        from tasks.corpus.ingest import IngestError
+        from wsseg.tasks.corpus.ingest import IngestError
 
         lost = _api_connection_error(e)
         if lost is not None:
@@ -350,7 +350,7 @@ def main(argv: list[str] | None = None) -> int:
         _record_error(run_dir, args, e)
         if isinstance(e, (IngestError, FileNotFoundError, ValueError)) and not verbose:
             if run_dir is not None and not existed:
-                from tasks.store.remote import state_dir_for
+                from wsseg.tasks.store.remote import state_dir_for
 
                 _remove_if_scaffolding(state_dir_for(run_dir))  # the run directory itself when local
             print(f"wsseg: error: {e}", file=sys.stderr)

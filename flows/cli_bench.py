@@ -7,14 +7,14 @@ import json
 import sys
 from pathlib import Path
 
-from flows.cli_common import (SAMPLE, common_args, config_args, build_config, print_result)
+from wsseg.flows.cli_common import (SAMPLE, common_args, config_args, build_config, print_result)
 
 
 # ---------------------------------------------------------------------------- bench quality (parser)
 def add_bench_quality_parser(bench) -> argparse.ArgumentParser:
     """Register ``wsseg bench quality`` (flow :func:`flows.bench_quality.bench_quality`)."""
-    from tasks.bench.ablation import ablation_variants
-    from tasks.config import WSSSConfig
+    from wsseg.tasks.bench.ablation import ablation_variants
+    from wsseg.tasks.config import WSSSConfig
 
     p = bench.add_parser(
         "quality", help="pseudo-label mIoU vs CAM and CAM+CRF, WSSS vs supervised model, ablations",
@@ -59,12 +59,12 @@ def add_bench_quality_parser(bench) -> argparse.ArgumentParser:
 
 
 def cmd_bench_quality(args) -> int:
-    from flows.bench_quality import bench_quality
-    from flows.runtime import dask_cluster, on_cluster
-    from tasks.bench.ablation import check_overrides
-    from tasks.bench.quality import check_inputs, parse_model_spec
-    from tasks.report.figures import markdown_report
-    from tasks.store import Store
+    from wsseg.flows.bench_quality import bench_quality
+    from wsseg.flows.runtime import dask_cluster, on_cluster
+    from wsseg.tasks.bench.ablation import check_overrides
+    from wsseg.tasks.bench.quality import check_inputs, parse_model_spec
+    from wsseg.tasks.report.figures import markdown_report
+    from wsseg.tasks.store import Store
 
     check_overrides(args.overrides)
     for spec in args.compare_models or []:
@@ -92,10 +92,10 @@ def cmd_bench_quality(args) -> int:
 
 
 def cmd_bench_highres(args) -> int:
-    from flows.runtime import prefect_api, prepare
+    from wsseg.flows.runtime import prefect_api, prepare
 
     prepare(Path(args.out).resolve().parent)  # Prefect and MLflow state beside the result JSON (locked: flows.cli)
-    from flows.highres import bench_highres, check_bench_inputs
+    from wsseg.flows.highres import bench_highres, check_bench_inputs
 
     variants = tuple(v for arg in args.variants for v in arg.split(",") if v)
     try:
@@ -193,9 +193,9 @@ def add_bench_highres_parser(bench) -> argparse.ArgumentParser:
 
 
 def cmd_bench_train(args) -> int:
-    from flows.bench_train import bench_train
-    from flows.runtime import prefect_api
-    from tasks.bench.train import format_summary
+    from wsseg.flows.bench_train import bench_train
+    from wsseg.flows.runtime import prefect_api
+    from wsseg.tasks.bench.train import format_summary
 
     try:
         options = json.loads(args.options)
@@ -261,16 +261,16 @@ def _int_list(text: str, option: str) -> list[int]:
 
 
 def cmd_bench_pipeline(args) -> int:
-    from flows.runtime import prefect_api
-    from tasks.bench.pipeline import BENCH_CONFIG, format_summary
-    from tasks.corpus import ingest as ing
+    from wsseg.flows.runtime import prefect_api
+    from wsseg.tasks.bench.pipeline import BENCH_CONFIG, format_summary
+    from wsseg.tasks.corpus import ingest as ing
 
     sizes, workers = _int_list(args.replicate, "--replicate"), _int_list(args.workers, "--workers")
     config = build_config(args, BENCH_CONFIG)
     ing.check_source(args.data, headers=False).raise_for(False)  # a bad source fails before anything starts
     run = Path(args.run_dir).resolve()
     out = (Path(args.out) if args.out else run / "pipeline.json").resolve()
-    from flows.bench_pipeline import bench_pipeline
+    from wsseg.flows.bench_pipeline import bench_pipeline
 
     with prefect_api() as ready:
         ready()
@@ -336,9 +336,9 @@ def add_bench_pipeline_parser(bench) -> argparse.ArgumentParser:
 
 # ---------------------------------------------------------------------------- bench corrections
 def cmd_bench_corrections(args) -> int:
-    from flows.bench_corrections import bench_corrections
-    from flows.runtime import dask_cluster, on_cluster
-    from tasks.bench.corrections import markdown, pick_count
+    from wsseg.flows.bench_corrections import bench_corrections
+    from wsseg.flows.runtime import dask_cluster, on_cluster
+    from wsseg.tasks.bench.corrections import markdown, pick_count
 
     pick_count(10, args.share)  # a bad share fails before the cluster starts
     run = Path(args.run_dir).resolve()

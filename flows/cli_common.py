@@ -80,7 +80,7 @@ def storage_args(p: argparse.ArgumentParser, state: bool = True) -> None:
 def apply_storage_args(args) -> None:
     """--storage-option and --state-dir as the environment every Store of this command (and the local
     cluster's workers) reads."""
-    from tasks.store.remote import OPTIONS_ENV, STATE_DIR_ENV, parse_storage_options
+    from wsseg.tasks.store.remote import OPTIONS_ENV, STATE_DIR_ENV, parse_storage_options
 
     if getattr(args, "storage_options", None):
         opts = json.loads(os.environ.get(OPTIONS_ENV) or "{}") | parse_storage_options(args.storage_options)
@@ -92,7 +92,7 @@ def apply_storage_args(args) -> None:
 def run_root(run_dir):
     """The run directory as the store sees it: a resolved local path, or for an fsspec URL its UPath
     (the scheme's package checked: a one-line error naming it when missing)."""
-    from tasks.store import Store
+    from wsseg.tasks.store import Store
 
     return Store(run_dir).root
 
@@ -112,7 +112,7 @@ def config_args(p: argparse.ArgumentParser) -> None:
 
 
 def build_config(args, base: dict | None = None):
-    from tasks.config import WSSSConfig
+    from wsseg.tasks.config import WSSSConfig
 
     data = dict(base or {})
     if getattr(args, "config", None):
@@ -195,7 +195,7 @@ def print_final(s: dict, stream=sys.stdout) -> None:
 
 
 def print_where(run_dir: Path, stream=sys.stdout) -> None:
-    from tasks.store.remote import state_dir_for
+    from wsseg.tasks.store.remote import state_dir_for
 
     state = state_dir_for(run_dir)  # the run directory itself when it is local
     print(f"\nDashboards:    wsseg ui --run-dir {run_dir}   (Prefect flow runs with their logs and artifacts on "

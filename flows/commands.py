@@ -9,7 +9,7 @@ import sys
 import time
 from pathlib import Path
 
-from flows.cli_common import (SAMPLE, storage_args, run_root, build_config, DEMO_CONFIG, print_rounds,
+from wsseg.flows.cli_common import (SAMPLE, storage_args, run_root, build_config, DEMO_CONFIG, print_rounds,
                               print_final, print_where)
 
 
@@ -22,9 +22,9 @@ def cmd_ingest(args) -> int:
 def cmd_corrections(args) -> int:
     """``wsseg ingest --corrections PATH``: store the corrections (tasks.labels.corrections); each
     refused file is one line on stderr and the status is 1 when any was refused."""
-    from tasks.labels.corrections import ingest_corrections, summary_line
-    from tasks.runtime.progress import Progress
-    from tasks.store import Store
+    from wsseg.tasks.labels.corrections import ingest_corrections, summary_line
+    from wsseg.tasks.runtime.progress import Progress
+    from wsseg.tasks.store import Store
 
     store = Store(run_root(args.run_dir))
     prog = Progress("corrections", 0)
@@ -50,7 +50,7 @@ def cmd_corrections(args) -> int:
 
 
 def cmd_ingest_source(args) -> None:
-    from tasks.corpus import ingest as ing
+    from wsseg.tasks.corpus import ingest as ing
 
     bg = None if args.background == "none" else args.background
     # options left unset take the defaults of tasks.corpus.ingest (the flow's keyword defaults)
@@ -66,8 +66,8 @@ def cmd_ingest_source(args) -> None:
         print(f"skipping {len(check.rejected)} of {check.listed} listed image(s) (--skip-invalid; the ingest report lists every one):",
               *check.skipped_lines(), sep="\n", file=sys.stderr)
 
-    from flows.runtime import dask_cluster, on_cluster
-    from flows.wsss import ingest
+    from wsseg.flows.runtime import dask_cluster, on_cluster
+    from wsseg.flows.wsss import ingest
 
     # a clean source's headers were just read: the flow does not read them again (with rejected
     # images it does, so that it knows them). Absolute paths: the workers of an existing cluster
@@ -103,8 +103,8 @@ def cmd_ingest_source(args) -> None:
 
 
 def cmd_refresh(args) -> int:
-    from flows.runtime import dask_cluster, on_cluster
-    from flows.wsss import refresh
+    from wsseg.flows.runtime import dask_cluster, on_cluster
+    from wsseg.flows.wsss import refresh
 
     run = run_root(args.run_dir)
     with dask_cluster(args.dask_address, args.workers, run) as address:
@@ -117,15 +117,15 @@ def cmd_refresh(args) -> int:
           f"{s['wall_seconds']:.1f} s ({s['core_ms_per_image']:.0f} core-ms per image: features "
           f"{s['stage_seconds']['features']:.1f} s, preliminary {s['stage_seconds']['prelim']:.1f} s, pseudo-labels "
           f"{s['stage_seconds']['pseudo']:.1f} s); their pseudo-label mIoU {miou}")
-    from tasks.store import Store
+    from wsseg.tasks.store import Store
 
     print(Store(run).root / "refresh.json")
     return 0
 
 
 def cmd_train(args, base: dict | None = None) -> int:
-    from flows.runtime import dask_cluster, on_cluster
-    from flows.wsss import train_wsss
+    from wsseg.flows.runtime import dask_cluster, on_cluster
+    from wsseg.flows.wsss import train_wsss
 
     config = build_config(args, base)
     run = run_root(args.run_dir)
@@ -140,15 +140,15 @@ def cmd_train(args, base: dict | None = None) -> int:
     print(f"\nconverged: {s['converged']}; {len(s['rounds']) - 1} round(s) on {s['images']} images in "
           f"{s['wall_seconds']:.0f}s; final model {s['final_model']}")
     print_where(run)
-    from tasks.store import Store
+    from wsseg.tasks.store import Store
 
     print(Store(run).summary_path)
     return 0
 
 
 def cmd_demo(args) -> int:
-    from flows.runtime import dask_cluster, on_cluster
-    from flows.wsss import ingest, train_wsss
+    from wsseg.flows.runtime import dask_cluster, on_cluster
+    from wsseg.flows.wsss import ingest, train_wsss
 
     t0 = time.perf_counter()
     run = run_root(args.run_dir)
@@ -163,15 +163,15 @@ def cmd_demo(args) -> int:
     print(f"\nconverged: {s['converged']}; total wall time {time.perf_counter() - t0:.0f}s; "
           f"overlays: {run / 'rounds' / 'r000' / 'overlay.png'} ...")
     print_where(run)
-    from tasks.store import Store
+    from wsseg.tasks.store import Store
 
     print(Store(run).summary_path)
     return 0
 
 
 def cmd_evaluate(args) -> int:
-    from flows.runtime import dask_cluster, on_cluster
-    from flows.wsss import evaluate
+    from wsseg.flows.runtime import dask_cluster, on_cluster
+    from wsseg.flows.wsss import evaluate
 
     with dask_cluster(args.dask_address, args.workers, run_root(args.run_dir)) as address:
         res = on_cluster(evaluate, address)(str(run_root(args.run_dir)), args.round, args.split, args.source)
@@ -192,8 +192,8 @@ def cmd_evaluate(args) -> int:
 
 
 def cmd_status(args) -> int:
-    from tasks.report.status import format_status, run_status
-    from tasks.store import Store
+    from wsseg.tasks.report.status import format_status, run_status
+    from wsseg.tasks.store import Store
 
     store = Store(args.run)  # a URL's scheme checked here
     store.check_reachable()
@@ -205,8 +205,8 @@ def cmd_status(args) -> int:
 
 
 def cmd_export(args) -> int:
-    from tasks.labels.export import export_labels
-    from tasks.store import Store
+    from wsseg.tasks.labels.export import export_labels
+    from wsseg.tasks.store import Store
 
     store = Store(args.run)
     store.check_reachable()
@@ -239,9 +239,9 @@ def cmd_export(args) -> int:
 
 
 def cmd_review(args) -> int:
-    from tasks.labels.export import export_round
-    from tasks.labels.review import SIGNALS, review_table
-    from tasks.store import Store
+    from wsseg.tasks.labels.export import export_round
+    from wsseg.tasks.labels.review import SIGNALS, review_table
+    from wsseg.tasks.store import Store
 
     store = Store(args.run)
     store.check_reachable()
@@ -277,17 +277,17 @@ def cmd_review(args) -> int:
 
 
 def cmd_ui(args) -> int:
-    from flows.ui import serve
+    from wsseg.flows.ui import serve
 
     return serve(args.run_dir, args.prefect_port, args.mlflow_port, timeout=args.timeout)
 
 
 # ---------------------------------------------------------------------------- method C and bench train (parsers)
 def cmd_segment(args) -> int:
-    from flows.runtime import prefect_api, prepare
+    from wsseg.flows.runtime import prefect_api, prepare
 
     prepare(args.out)  # Prefect and MLflow state of `wsseg segment` live in the --out folder (locked: flows.cli)
-    from flows.highres import segment
+    from wsseg.flows.highres import segment
 
     t0 = time.perf_counter()
     try:

@@ -21,13 +21,13 @@ from pathlib import Path
 
 from prefect import flow
 
-from flows.naming import FlowRunName
-from models.efficientnet_lite import weights_digest
-from tasks.highres import segment as sg
-from tasks.highres import train as hr
-from tasks.runtime.memory import rss_mb
-from tasks.runtime.tracking import Tracker
-from tasks.store import files
+from wsseg.flows.naming import FlowRunName
+from wsseg.models.efficientnet_lite import weights_digest
+from wsseg.tasks.highres import segment as sg
+from wsseg.tasks.highres import train as hr
+from wsseg.tasks.runtime.memory import rss_mb
+from wsseg.tasks.runtime.tracking import Tracker
+from wsseg.tasks.store import files
 
 __all__ = ["segment", "bench_highres", "check_bench_inputs"]
 

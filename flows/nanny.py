@@ -1,6 +1,6 @@
 """Nanny preload for the workers of an existing Dask cluster (``--dask-address``)::
 
-    dask worker tcp://scheduler:8786 --nthreads 1 --preload-nanny flows.nanny
+    dask worker tcp://scheduler:8786 --nthreads 1 --preload-nanny wsseg.flows.nanny
 
 gives each worker process the environment of the commands' own local cluster
 (:func:`flows.runtime.worker_environ`: one BLAS/OpenMP thread, no ``MALLOC_TRIM_THRESHOLD_``,
@@ -9,6 +9,6 @@ before it reads ``distributed.nanny.pre-spawn-environ``; importing it sets that 
 """
 import dask
 
-from flows.runtime import worker_environ
+from wsseg.flows.runtime import worker_environ
 
 dask.config.set({"distributed.nanny.pre-spawn-environ": worker_environ()})

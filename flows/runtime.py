@@ -16,7 +16,7 @@ from typing import Callable, Iterator
 
 
 def prepare(run_dir: str | os.PathLike, *, verbose: bool = False) -> Path:
-    from tasks.store.remote import state_dir_for
+    from wsseg.tasks.store.remote import state_dir_for
 
     run = state_dir_for(run_dir)  # the run directory itself, or a URL's local state folder (tasks.store)
     run.mkdir(parents=True, exist_ok=True)
@@ -262,7 +262,7 @@ def fresh_prefect_services():
 
 def state_dir(run_dir) -> Path:
     """The local state folder of a run directory (itself when local; see tasks.store.remote)."""
-    from tasks.store.remote import state_dir_for
+    from wsseg.tasks.store.remote import state_dir_for
 
     return state_dir_for(run_dir)
 

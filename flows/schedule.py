@@ -17,12 +17,12 @@ import sys
 
 from prefect import flow
 
-from flows.naming import FlowRunName
-from flows.runtime import dask_cluster, on_cluster
-from flows.wsss import ingest, refresh, train_wsss
-from tasks.config import WSSSConfig
-from tasks.store import Store
-from tasks.wsss import refresh as rf
+from wsseg.flows.naming import FlowRunName
+from wsseg.flows.runtime import dask_cluster, on_cluster
+from wsseg.flows.wsss import ingest, refresh, train_wsss
+from wsseg.tasks.config import WSSSConfig
+from wsseg.tasks.store import Store
+from wsseg.tasks.wsss import refresh as rf
 
 MODES = ("refresh", "retrain")
 

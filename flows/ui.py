@@ -127,7 +127,7 @@ def serve(run_dir: str | os.PathLike, prefect_port: int = 4200, mlflow_port: int
           timeout: float = 300.0, stream=sys.stdout) -> int:
     """Start both servers, print their URLs once they answer, and run until Ctrl-C or SIGTERM;
     then stop both. Returns the exit status (0 on a requested stop, 1 when a server failed)."""
-    from tasks.store.remote import state_dir_for
+    from wsseg.tasks.store.remote import state_dir_for
 
     run = state_dir_for(run_dir)  # the run directory itself, or a URL's local state folder
     if not (run / ".prefect").exists() and not (run / "mlflow.db").exists():

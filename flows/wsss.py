@@ -21,28 +21,28 @@ from prefect.artifacts import create_markdown_artifact, create_progress_artifact
 from prefect.cache_policies import NO_CACHE
 from prefect.futures import as_completed
 
-from flows.naming import FlowRunName, ShardRunName
-from flows.runtime import on_cluster
-from tasks.config import WSSSConfig, config_difference, shard_size_for
-from tasks.corpus import ingest as ing
-from tasks.corpus import resume
-from tasks.corpus.encoders import with_weight_digests
-from tasks.corpus.tags import contrast_warnings
-from tasks.report.figures import overlay_grid, pick_overlay_records
-from tasks.labels.corrections import corrections_entry
-from tasks.labels.review import SIGNALS, review_table
-from tasks.runtime.progress import Progress
-from tasks.runtime.tracking import Tracker
-from tasks.store import ImageRecord, Store
-from tasks.wsss import mil
-from tasks.wsss import pipeline as pl
-from tasks.wsss import proposal_classifier
-from tasks.wsss import refresh as rf
-from tasks.wsss import stopping
-from tasks.wsss.classifier import train_image_classifier
-from tasks.wsss.feature_cache import FEATURE_STAGE, feature_key
-from tasks.wsss.segmenter import final_model_config, round_model_config, train_segmenter
-from tasks.wsss.summary import (coverage_of, label_shares, markdown_table, reverted_of, row, source_scores,
+from wsseg.flows.naming import FlowRunName, ShardRunName
+from wsseg.flows.runtime import on_cluster
+from wsseg.tasks.config import WSSSConfig, config_difference, shard_size_for
+from wsseg.tasks.corpus import ingest as ing
+from wsseg.tasks.corpus import resume
+from wsseg.tasks.corpus.encoders import with_weight_digests
+from wsseg.tasks.corpus.tags import contrast_warnings
+from wsseg.tasks.report.figures import overlay_grid, pick_overlay_records
+from wsseg.tasks.labels.corrections import corrections_entry
+from wsseg.tasks.labels.review import SIGNALS, review_table
+from wsseg.tasks.runtime.progress import Progress
+from wsseg.tasks.runtime.tracking import Tracker
+from wsseg.tasks.store import ImageRecord, Store
+from wsseg.tasks.wsss import mil
+from wsseg.tasks.wsss import pipeline as pl
+from wsseg.tasks.wsss import proposal_classifier
+from wsseg.tasks.wsss import refresh as rf
+from wsseg.tasks.wsss import stopping
+from wsseg.tasks.wsss.classifier import train_image_classifier
+from wsseg.tasks.wsss.feature_cache import FEATURE_STAGE, feature_key
+from wsseg.tasks.wsss.segmenter import final_model_config, round_model_config, train_segmenter
+from wsseg.tasks.wsss.summary import (coverage_of, label_shares, markdown_table, reverted_of, row, source_scores,
                                 warnings_markdown)
 
 # Resumability comes from the store's shard markers and content-addressed caches, which survive

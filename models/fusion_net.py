@@ -27,7 +27,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from models.backbones import _make_divisible, load_backbone_weights, mobilenet_v2, resnet50
+from wsseg.models.backbones import _make_divisible, load_backbone_weights, mobilenet_v2, resnet50
 
 __all__ = ["ConvBNReLU", "FusionDecoder", "FusionNet", "fusion_net", "load_encoder_weights"]
 

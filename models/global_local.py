@@ -43,8 +43,8 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from models.roi_align import roi_align
-from models.tiling import RowStitcher, Stitcher, extract_patches, patch_grid
+from wsseg.models.roi_align import roi_align
+from wsseg.models.tiling import RowStitcher, Stitcher, extract_patches, patch_grid
 
 __all__ = ["CompactHRNet", "GlobalLocalNet", "global_local", "segment_large", "coarse_image", "coarse_input",
            "indexed_boxes", "patch_boxes_in_coarse", "normalize"]
@@ -274,7 +274,7 @@ class GlobalLocalNet(nn.Module):
         def make_backbone() -> nn.Module:
             if backbone == "hrnet":
                 return CompactHRNet(in_channels, width, blocks, norm_layer)
-            from models.lite_nets import LiteStride4  # ImageNet-pretrained (issue 31)
+            from wsseg.models.lite_nets import LiteStride4  # ImageNet-pretrained (issue 31)
             return LiteStride4(in_channels, width, backbone, weights)
 
         self.patch_first = patch_first

@@ -19,8 +19,8 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from models.efficientnet_lite import EfficientNetLite, efficientnet_lite
-from models.small import conv_bn_relu
+from wsseg.models.efficientnet_lite import EfficientNetLite, efficientnet_lite
+from wsseg.models.small import conv_bn_relu
 
 #: ImageNet mean and std of :func:`tasks.common.training.to_input` (repeated here: models do not import tasks)
 _MEAN, _STD = (0.485, 0.456, 0.406), (0.229, 0.224, 0.225)

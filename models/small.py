@@ -108,7 +108,7 @@ def load_encoder_from(net: nn.Module, source: nn.Module) -> int:
     channel learns a use. Dilation differs between the classifier's stride-8 and the
     segmenter's stride-16 last stage; the kernels are the same shape and transfer as they are.
     """
-    from models.efficientnet_lite import EfficientNetLite
+    from wsseg.models.efficientnet_lite import EfficientNetLite
 
     src, dst = getattr(source, "encoder", None), getattr(net, "encoder", None)
     kinds = (SmallEncoder, EfficientNetLite)

@@ -246,7 +246,7 @@ class SegmentationConfig(BaseModel):
     @model_validator(mode="after")
     def _options_fit_the_model(self) -> "SegmentationConfig":
         # at load time, not after the classifier's hours: {'width': 16} was small's option, not lite's
-        from tasks.store.checkpoints import check_network_options
+        from wsseg.tasks.store.checkpoints import check_network_options
 
         check_network_options(self.model, self.options)
         return self

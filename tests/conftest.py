@@ -103,7 +103,7 @@ def harness_cluster(tmp_path_factory, workers: int = 2):
     was started with, also for a worker it restarts); yields its address."""
     from prefect.settings import PREFECT_API_URL
 
-    from flows.runtime import dask_cluster
+    from wsseg.flows.runtime import dask_cluster
 
     previous = os.environ.get("PREFECT_API_URL")
     os.environ["PREFECT_API_URL"] = PREFECT_API_URL.value()
@@ -135,7 +135,7 @@ TINY = {"classifier": {"epochs": 4, "size": 160, "width": 16, "stride": 16, "bat
 
 def run_outputs(run: Path) -> dict[str, bytes]:
     """The round's pseudo-labels and the trained model's weights of run directory ``run``, as bytes."""
-    from tasks.store import Store
+    from wsseg.tasks.store import Store
 
     store = Store(run)
     out = {f"pseudo/{r.image_id}": store.pseudo(0, r.image_id).tobytes() for r in store.manifest()}
@@ -161,9 +161,9 @@ def tiny_run(tmp_path_factory, prefect_harness, cluster) -> Path:
     runs the flow or how the images are sharded). Read it, never write it: tests share it."""
     import torch
 
-    from flows.runtime import on_cluster
-    from flows.wsss import ingest, train_wsss
-    from tasks.config import WSSSConfig
+    from wsseg.flows.runtime import on_cluster
+    from wsseg.flows.wsss import ingest, train_wsss
+    from wsseg.tasks.config import WSSSConfig
 
     base = tmp_path_factory.mktemp("tiny-reference")
     src = copy_sample(base / "src", KILL_IDS)

@@ -5,8 +5,8 @@ import math
 import pytest
 import torch
 
-from models.backbones import load_backbone_weights, mobilenet_v2, resnet50
-from tasks.store.checkpoints import backbone_weights
+from wsseg.models.backbones import load_backbone_weights, mobilenet_v2, resnet50
+from wsseg.tasks.store.checkpoints import backbone_weights
 
 
 def _load_file(model, path, **kw):

@@ -12,7 +12,7 @@ import pytest
 from PIL import Image
 
 from conftest import copy_sample
-from tasks.bench import pipeline as tb
+from wsseg.tasks.bench import pipeline as tb
 
 IDS = ["1_10_s", "5_26_s", "9_17_s"]  # cow, grass / building, sky / ...: three images, several tags each
 
@@ -71,7 +71,7 @@ def test_stage_figures_and_worker_peaks():
 
 
 def _parse(argv):
-    from flows.cli_bench import add_bench_pipeline_parser
+    from wsseg.flows.cli_bench import add_bench_pipeline_parser
 
     ap = argparse.ArgumentParser(prog="wsseg")
     sub = ap.add_subparsers(dest="command")
@@ -81,7 +81,7 @@ def _parse(argv):
 
 
 def test_bad_sizes_are_refused_before_anything_starts(tmp_path):
-    from flows.cli_bench import cmd_bench_pipeline
+    from wsseg.flows.cli_bench import cmd_bench_pipeline
 
     args = _parse(["bench", "pipeline", "--data", str(tmp_path), "--replicate", "10,x", "--out", str(tmp_path / "o.json")])
     with pytest.raises(ValueError, match="--replicate expects positive whole numbers"):
@@ -98,7 +98,7 @@ def _sha(path: Path) -> str:
 
 @pytest.mark.command("bench pipeline")
 def test_bench_pipeline_end_to_end(tmp_path, prefect_harness, one_torch_thread):
-    from flows.cli_bench import cmd_bench_pipeline
+    from wsseg.flows.cli_bench import cmd_bench_pipeline
 
     data = copy_sample(tmp_path / "data", IDS)
     run, out = tmp_path / "run", tmp_path / "res" / "pipe.json"

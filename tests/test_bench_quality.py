@@ -9,10 +9,10 @@ import pytest
 import torch
 
 from conftest import copy_sample
-from tasks.bench.ablation import ablation_variants, apply_overrides, check_overrides
-from tasks.bench.quality import budget_epochs, parse_model_spec
-from tasks.report.figures import pick_overlay_records
-from tasks.store import Store, load_model, read_file
+from wsseg.tasks.bench.ablation import ablation_variants, apply_overrides, check_overrides
+from wsseg.tasks.bench.quality import budget_epochs, parse_model_spec
+from wsseg.tasks.report.figures import pick_overlay_records
+from wsseg.tasks.store import Store, load_model, read_file
 
 torch.set_num_threads(1)
 
@@ -21,7 +21,7 @@ VAL = ["1_11_s", "9_19_s"]
 
 
 def test_pick_overlay_records_is_deterministic_and_prefers_multi_tag():
-    from tasks.store import ImageRecord
+    from wsseg.tasks.store import ImageRecord
 
     recs = [ImageRecord(f"im{i:02d}", 4, 4, tuple("abc"[: 1 + i % 3]), "0", "train", "", True) for i in range(20)]
     picks = pick_overlay_records(list(reversed(recs)), n=6)
@@ -30,7 +30,7 @@ def test_pick_overlay_records_is_deterministic_and_prefers_multi_tag():
 
 
 def test_ablation_variants_flag_what_the_config_cannot_express():
-    from tasks.config import WSSSConfig
+    from wsseg.tasks.config import WSSSConfig
 
     v = ablation_variants(WSSSConfig())
     # IoU filtering is off by default, so its variant switches it on; with it on, the variant switches it off
@@ -63,7 +63,7 @@ def test_ablation_variants_flag_what_the_config_cannot_express():
 
 
 def _parse(argv):
-    from flows.cli_bench import add_bench_quality_parser
+    from wsseg.flows.cli_bench import add_bench_quality_parser
 
     ap = argparse.ArgumentParser(prog="wsseg")
     sub = ap.add_subparsers(dest="command")
@@ -87,7 +87,7 @@ def test_bench_quality_end_to_end(tmp_path, prefect_harness, capsys):
                    "--set", "classifier.cam_scales=[1.0]", "--set", "shard_size=4", "--rounds", "1",
                    "--compare-models", 'small={"width": 4}', "--compare-seconds", "2", "--model-seeds", "2"]
     args = _parse(argv)
-    from flows.cli_bench import cmd_bench_quality
+    from wsseg.flows.cli_bench import cmd_bench_quality
 
     assert args.run_dir == str(run) and args.func is cmd_bench_quality
     assert args.func(args) == 0
@@ -209,7 +209,7 @@ def test_bench_quality_end_to_end(tmp_path, prefect_harness, capsys):
     meta = Store(run).read_model("extra", name="seed001-wsss")[1]["meta"]
     assert meta["trained_on"]["labels"].startswith("round 0 ") and meta["trained_on"]["seed"] == 1
     assert meta["trained_on"]["labels"] != load_model(sup_path)[1]["meta"]["trained_on"]["labels"] == "masks"
-    from flows.bench_quality import evaluation_key
+    from wsseg.flows.bench_quality import evaluation_key
 
     eval_records = [r for r in store.manifest("val")]
     before = evaluation_key(store, eval_records, "k", {}, "supervised")
@@ -240,8 +240,8 @@ def test_unknown_set_keys_are_refused():
 
 
 def test_seed_summary_and_compared_networks():
-    from tasks.bench.quality import compared_networks, ratio, seed_summary
-    from tasks.config import WSSSConfig
+    from wsseg.tasks.bench.quality import compared_networks, ratio, seed_summary
+    from wsseg.tasks.config import WSSSConfig
 
     s = seed_summary([{"seed": 0, "wsss": 0.4, "supervised": 0.5}, {"seed": 1, "wsss": 0.3, "supervised": 0.0}])
     assert s["seeds"][0]["ratio"] == pytest.approx(0.8) and s["seeds"][1]["ratio"] is None
@@ -255,7 +255,7 @@ def test_seed_summary_and_compared_networks():
 
 
 def test_markdown_report_shows_box_grabcut_class_accuracy_and_the_final_round():
-    from tasks.report.figures import markdown_report
+    from wsseg.tasks.report.figures import markdown_report
 
     base = {"miou": 0.5, "pixel_accuracy": 0.8, "class_accuracy": 0.6, "chance_miou": 0.3}
     res = {"dataset": "objects", "split": "train", "images": 3, "eval_split": "val", "eval_images": 1,

@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 import torch
 
-from tasks.store import CheckpointError, StateFile, Store, load_classifier, load_model, save_classifier, save_model
+from wsseg.tasks.store import CheckpointError, StateFile, Store, load_classifier, load_model, save_classifier, save_model
 
 
 class _Payload:
@@ -21,7 +21,7 @@ class _Payload:
 
 
 def _small(num_classes=3):
-    import models
+    from wsseg import models
     torch.manual_seed(0)
     return models.build_model("small", num_classes, in_channels=4, width=8)
 
@@ -48,7 +48,7 @@ def test_pickled_payload_is_refused_and_never_runs(tmp_path):
     assert not marker.exists()
     with pytest.raises(CheckpointError):  # the other readers use the same door
         load_classifier(evil)
-    from tasks.store.checkpoints import backbone_weights, read_local
+    from wsseg.tasks.store.checkpoints import backbone_weights, read_local
     for read in (read_local, backbone_weights):  # the weight files' readers too
         with pytest.raises(CheckpointError, match="refused"):
             read(evil)
@@ -90,7 +90,7 @@ def test_cut_or_foreign_files_are_named(tmp_path):
 
 
 def test_corpus_classifier_round_trip(tmp_path):
-    from tasks.wsss.proposal_classifier import train_proposal_classifier
+    from wsseg.tasks.wsss.proposal_classifier import train_proposal_classifier
 
     rng = np.random.default_rng(0)
     feats = [rng.normal(size=(20, 5)).astype(np.float32)]
@@ -158,7 +158,7 @@ def test_wsseg_segment_with_a_payload_checkpoint_runs_nothing(tmp_path):
     torch.save({"builder": "small", "num_classes": 3, "in_channels": 4, "options": {}, "meta": {},
                 "model": _Payload(marker)}, evil)
     image = next((root / "flows" / "sample" / "msrc21" / "images").glob("*.jpg"))
-    out = subprocess.run([sys.executable, "-m", "flows.cli", "segment", str(image), "--model", str(evil), "--out",
+    out = subprocess.run([sys.executable, "-m", "wsseg", "segment", str(image), "--model", str(evil), "--out",
                           str(tmp_path / "seg")], cwd=root, capture_output=True, text=True, timeout=300)
     assert out.returncode == 2, out.stderr
     errors = [line for line in out.stderr.splitlines() if "error" in line]

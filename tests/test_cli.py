@@ -6,7 +6,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from flows import cli, cli_common
+from wsseg.flows import cli, cli_common
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -41,7 +41,7 @@ def test_network_flag_and_model_alias_of_train():
 
 
 def test_version_and_plain_top_level_help():
-    out = subprocess.run([sys.executable, "-m", "flows.cli", "--version"], cwd=ROOT, capture_output=True, text=True)
+    out = subprocess.run([sys.executable, "-m", "wsseg", "--version"], cwd=ROOT, capture_output=True, text=True)
     assert out.returncode == 0 and out.stdout.startswith("wsseg ")
     text = cli.parser().format_help()
     assert "``" not in text and "wsseg segment" in text
@@ -59,7 +59,7 @@ def test_options_of_another_network_are_one_line_before_anything_runs(tmp_path):
     assert "\n" not in msg and "model 'lite' takes no option 'width'" in msg and "variant" in msg
     ns = cli.parser().parse_args(["train", "--network", "small", "--set", 'segmentation.options={"width": 16}'])
     assert cli_common.build_config(ns).segmentation.options == {"width": 16}
-    out = subprocess.run([sys.executable, "-m", "flows.cli", "train", "--run-dir", str(tmp_path / "run"),
+    out = subprocess.run([sys.executable, "-m", "wsseg", "train", "--run-dir", str(tmp_path / "run"),
                           "--set", 'segmentation.options={"width": 16}'], cwd=ROOT, capture_output=True, text=True)
     assert out.returncode != 0 and "takes no option 'width'" in out.stderr and "Traceback" not in out.stderr
     assert not (tmp_path / "run").exists()

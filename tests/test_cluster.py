@@ -64,7 +64,7 @@ def external_cluster(tmp_path_factory):
                                        address.rsplit(":", 1)[1], "--no-dashboard"], cwd=base, env=env,
                                       stdout=log, stderr=subprocess.STDOUT, start_new_session=True))
         procs.append(subprocess.Popen([str(DASK), "worker", address, "--nworkers", "2", "--nthreads", "1",
-                                       "--preload-nanny", "flows.nanny", "--no-dashboard",
+                                       "--preload-nanny", "wsseg.flows.nanny", "--no-dashboard",
                                        "--local-directory", str(base / "workers")], cwd=base,
                                       env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True))
         with Client(address, timeout=120, set_as_default=False) as client:
@@ -78,7 +78,7 @@ def external_cluster(tmp_path_factory):
 def _wsseg(cwd: Path, *argv: str) -> None:
     env = dict(os.environ, OMP_WAIT_POLICY="PASSIVE")
     env.pop("PREFECT_API_URL", None)  # each command starts its own Prefect API server, as a user's would
-    res = subprocess.run([sys.executable, "-m", "flows.cli", *argv], cwd=cwd, env=env, capture_output=True, text=True,
+    res = subprocess.run([sys.executable, "-m", "wsseg", *argv], cwd=cwd, env=env, capture_output=True, text=True,
                          timeout=1200)
     assert res.returncode == 0, f"wsseg {' '.join(argv)} failed ({res.returncode}):\n{res.stderr[-3000:]}"
 
@@ -132,7 +132,7 @@ def test_a_wrong_address_is_one_line(tmp_path):
     src = copy_sample(tmp_path / "src", KILL_IDS[:1])
     env = dict(os.environ, OMP_WAIT_POLICY="PASSIVE")
     address = f"tcp://127.0.0.1:{_free_port()}"  # nothing listens there
-    res = subprocess.run([sys.executable, "-m", "flows.cli", "ingest", str(src), "--run-dir", str(tmp_path / "run"),
+    res = subprocess.run([sys.executable, "-m", "wsseg", "ingest", str(src), "--run-dir", str(tmp_path / "run"),
                           "--dask-address", address], cwd=ROOT, env=env, capture_output=True, text=True, timeout=600)
     assert res.returncode == 2
     assert res.stderr.strip().splitlines()[-1].startswith(f"wsseg: error: --dask-address {address}: no Dask scheduler")
@@ -143,8 +143,8 @@ def test_shard_tasks_per_stage_are_bounded():
     in order; a corpus below ``shard_size * max_shards`` keeps the configured shards."""
     from collections import namedtuple
 
-    from flows.wsss import shards_of
-    from tasks.config import WSSSConfig, shard_size_for
+    from wsseg.flows.wsss import shards_of
+    from wsseg.tasks.config import WSSSConfig, shard_size_for
 
     cfg = WSSSConfig()
     n = 1_000_000
@@ -168,11 +168,11 @@ def test_shard_tasks_take_their_rows_from_the_flow_not_the_manifest(tmp_path, pr
     that are not the shard's are refused, and a caller without rows reads the manifest."""
     from prefect import flow
 
-    from flows.runtime import on_cluster
-    from flows.wsss import compute_all_features, ingest
-    from tasks.config import WSSSConfig
-    from tasks.store import Store, shard_records
-    from tasks.wsss.feature_cache import FEATURE_STAGE
+    from wsseg.flows.runtime import on_cluster
+    from wsseg.flows.wsss import compute_all_features, ingest
+    from wsseg.tasks.config import WSSSConfig
+    from wsseg.tasks.store import Store, shard_records
+    from wsseg.tasks.wsss.feature_cache import FEATURE_STAGE
 
     config = WSSSConfig.model_validate({"shard_size": 2})
     run = tmp_path / "run"

@@ -11,7 +11,7 @@ def cli_commands() -> set[str]:
     """The commands the parser offers: ``ingest``, ``train``, ..., ``bench quality``, ..."""
     import argparse
 
-    from flows import cli
+    from wsseg.flows import cli
 
     def choices(p: argparse.ArgumentParser) -> dict:
         return next(a.choices for a in p._actions if isinstance(a, argparse._SubParsersAction))

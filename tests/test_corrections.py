@@ -19,7 +19,7 @@ ROOT = Path(__file__).resolve().parents[1]
 
 
 def _ingest(*argv):
-    return subprocess.run([sys.executable, "-m", "flows.cli", "ingest", *argv], cwd=ROOT, capture_output=True,
+    return subprocess.run([sys.executable, "-m", "wsseg", "ingest", *argv], cwd=ROOT, capture_output=True,
                           text=True, timeout=300)
 
 
@@ -32,7 +32,7 @@ def _png(path: Path, label: np.ndarray) -> Path:
 
 @pytest.mark.command("ingest")
 def test_png_corrections_are_checked_per_file_and_replace_earlier_ones(tmp_path, tiny_run):
-    from tasks.store import Store
+    from wsseg.tasks.store import Store
 
     run = shutil.copytree(tiny_run, tmp_path / "run", symlinks=True)
     store = Store(run)
@@ -87,7 +87,7 @@ def test_png_corrections_are_checked_per_file_and_replace_earlier_ones(tmp_path,
     assert np.array_equal(store.correction(a.image_id), newer)
 
     # the png export's own layout and colours are read back as they were written
-    res = subprocess.run([sys.executable, "-m", "flows.cli", "export", "--run-dir", str(run), "--out",
+    res = subprocess.run([sys.executable, "-m", "wsseg", "export", "--run-dir", str(run), "--out",
                           str(tmp_path / "voc"), "--no-images"], cwd=ROOT, capture_output=True, text=True, timeout=300)
     assert res.returncode == 0, res.stderr
     exported = tmp_path / "voc" / "VOCdevkit" / "VOC2012" / "SegmentationClass" / f"{b.image_id}.png"
@@ -106,10 +106,10 @@ def test_png_corrections_are_checked_per_file_and_replace_earlier_ones(tmp_path,
 def test_rounds_keep_corrected_labels_and_train_on_them(tmp_path, tiny_run, cluster, prefect_harness):
     import torch
 
-    from flows.runtime import on_cluster
-    from flows.wsss import train_wsss
-    from tasks.config import WSSSConfig
-    from tasks.store import Store
+    from wsseg.flows.runtime import on_cluster
+    from wsseg.flows.wsss import train_wsss
+    from wsseg.tasks.config import WSSSConfig
+    from wsseg.tasks.store import Store
 
     run = shutil.copytree(tiny_run, tmp_path / "run", symlinks=True)
     store = Store(run)
@@ -123,7 +123,7 @@ def test_rounds_keep_corrected_labels_and_train_on_them(tmp_path, tiny_run, clus
     assert not all(np.array_equal(before[r.image_id], store.mask(r.image_id)) for r in fixed)
     res = _ingest("--run-dir", str(run), "--corrections", str(folder))
     assert res.returncode == 0, res.stderr
-    status = subprocess.run([sys.executable, "-m", "flows.cli", "status", str(run)], cwd=ROOT, capture_output=True,
+    status = subprocess.run([sys.executable, "-m", "wsseg", "status", str(run)], cwd=ROOT, capture_output=True,
                             text=True, timeout=120)
     assert "2 image(s) corrected by a person" in status.stdout, status.stdout
     assert "the corrections (0 -> 2 corrected images)" in status.stdout  # `wsseg train` recomputes the rounds
@@ -148,7 +148,7 @@ def test_rounds_keep_corrected_labels_and_train_on_them(tmp_path, tiny_run, clus
     from prefect.client.orchestration import get_client
     from prefect.client.schemas.filters import ArtifactFilter, ArtifactFilterKey
 
-    from tasks.labels.review import review_table
+    from wsseg.tasks.labels.review import review_table
 
     queue = review_table(store, r, top=10, measure=False)["rows"]
     assert [x["image_id"] for x in queue[-2:]] == sorted(x.image_id for x in fixed)
@@ -164,8 +164,8 @@ def test_rounds_keep_corrected_labels_and_train_on_them(tmp_path, tiny_run, clus
 def test_trusted_images_keep_their_targets_through_mil():
     """MIL reassigns each image's superpixel labels every iteration; a corrected (trusted) image's
     stay those of its correction: with every image trusted nothing moves, in memory and streamed."""
-    from tasks.wsss.mil import refine, refine_streamed
-    from tasks.wsss.streaming import RowBuffer
+    from wsseg.tasks.wsss.mil import refine, refine_streamed
+    from wsseg.tasks.wsss.streaming import RowBuffer
 
     rng = np.random.default_rng(0)
     feats = [rng.normal(size=(30, 5)).astype(np.float32) for _ in range(4)]
@@ -197,9 +197,9 @@ def test_bench_corrections_queue_against_random(tmp_path, tiny_run, cluster, pre
     import argparse
     import json
 
-    from flows.cli_bench import add_bench_corrections_parser, cmd_bench_corrections
-    from tasks.labels.review import review_table
-    from tasks.store import Store
+    from wsseg.flows.cli_bench import add_bench_corrections_parser, cmd_bench_corrections
+    from wsseg.tasks.labels.review import review_table
+    from wsseg.tasks.store import Store
 
     run = shutil.copytree(tiny_run, tmp_path / "run", symlinks=True)
     ap = argparse.ArgumentParser()
@@ -232,8 +232,8 @@ def test_a_training_sample_is_seeded_stable_and_keeps_the_corrected_images():
     """``train_images``'s sample (``training_records``): all images up to the limit; else exactly
     the limit, in the manifest's order, the same for the same seed and another for another; the
     corrected images always in it; an ingest that adds images changes it by at most as many."""
-    from tasks.store import ImageRecord
-    from tasks.wsss.pipeline import training_records
+    from wsseg.tasks.store import ImageRecord
+    from wsseg.tasks.wsss.pipeline import training_records
 
     recs = [ImageRecord(image_id=f"img{i:04d}", height=8, width=8, tags=("cow",), sha256=f"{i:064x}", split="train",
                         source=f"/d/img{i:04d}.jpg", has_mask=False) for i in range(1000)]
@@ -255,10 +255,10 @@ def test_the_trainers_learn_from_a_sample_and_every_image_is_labelled(tmp_path, 
     images has its labels in every round."""
     import torch
 
-    from flows.runtime import on_cluster
-    from flows.wsss import train_wsss
-    from tasks.config import WSSSConfig
-    from tasks.store import Store
+    from wsseg.flows.runtime import on_cluster
+    from wsseg.flows.wsss import train_wsss
+    from wsseg.tasks.config import WSSSConfig
+    from wsseg.tasks.store import Store
 
     run = shutil.copytree(tiny_run, tmp_path / "run", symlinks=True)
     store = Store(run)

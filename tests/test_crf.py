@@ -1,7 +1,7 @@
 import numpy as np
 import pytest
 
-from tasks.wsss.crf import crf_labels, dense_crf, pydensecrf_available
+from wsseg.tasks.wsss.crf import crf_labels, dense_crf, pydensecrf_available
 
 
 def _noisy_scene(seed=0, split=40):

@@ -7,12 +7,12 @@ import pytest
 from PIL import Image
 from pydantic import ValidationError
 
-from tasks.common.metrics import iou_from_confusion
-from tasks.config import FeatureConfig
-from tasks.wsss import superpixels as spx
-from tasks.wsss.deep_features import GRID, deep_feature_dim, deep_superpixel_features
-from tasks.wsss.feature_cache import feature_key
-from tasks.wsss.features import FEATURE_NAMES, superpixel_features
+from wsseg.tasks.common.metrics import iou_from_confusion
+from wsseg.tasks.config import FeatureConfig
+from wsseg.tasks.wsss import superpixels as spx
+from wsseg.tasks.wsss.deep_features import GRID, deep_feature_dim, deep_superpixel_features
+from wsseg.tasks.wsss.feature_cache import feature_key
+from wsseg.tasks.wsss.features import FEATURE_NAMES, superpixel_features
 from tests.conftest import SAMPLE, load_tool
 
 

@@ -3,7 +3,7 @@
 import numpy as np
 import pytest
 
-from tasks.edges.weighting import OPERATORS, cv_weights, edge_fires, edge_maps, feature_region_map
+from wsseg.tasks.edges.weighting import OPERATORS, cv_weights, edge_fires, edge_maps, feature_region_map
 
 
 def _step(h=32, w=64):

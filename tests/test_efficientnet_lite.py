@@ -6,8 +6,8 @@ import numpy as np
 import pytest
 import torch
 
-from models import efficientnet_lite as el
-from tasks.store.checkpoints import CheckpointError, build_network, imagenet_weights
+from wsseg.models import efficientnet_lite as el
+from wsseg.tasks.store.checkpoints import CheckpointError, build_network, imagenet_weights
 from tests.conftest import SAMPLE
 
 # ImageNet indices: 345 ox, 346 water buffalo, 347 bison; 348 ram; 404 airliner, 895 warplane,

@@ -17,12 +17,12 @@ ROOT = Path(__file__).resolve().parents[1]
 
 
 def _wsseg(*argv):
-    return subprocess.run([sys.executable, "-m", "flows.cli", "export", *argv], cwd=ROOT, capture_output=True,
+    return subprocess.run([sys.executable, "-m", "wsseg", "export", *argv], cwd=ROOT, capture_output=True,
                           text=True, timeout=300)
 
 
 def _stored(run: Path, r: int) -> dict[str, np.ndarray]:
-    from tasks.store import Store
+    from wsseg.tasks.store import Store
 
     store = Store(run)
     return {rec.image_id: store.pseudo(r, rec.image_id) for rec in store.manifest()}
@@ -32,7 +32,7 @@ def _stored(run: Path, r: int) -> dict[str, np.ndarray]:
 def test_coco_and_voc_exports_read_back_equal_the_stored_labels(tmp_path, tiny_run):
     from pycocotools.coco import COCO
 
-    from tasks.store import Store, params_key
+    from wsseg.tasks.store import Store, params_key
 
     store = Store(tiny_run)
     final = store.read_summary()["final_round"]

@@ -19,7 +19,7 @@ ROOT = Path(__file__).resolve().parents[1]
 
 
 def _wsseg(*argv, env=None, **kw):
-    return subprocess.Popen([sys.executable, "-m", "flows.cli", *argv], cwd=ROOT, env=env,
+    return subprocess.Popen([sys.executable, "-m", "wsseg", *argv], cwd=ROOT, env=env,
                             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, **kw)
 
 
@@ -48,8 +48,8 @@ def test_sigkill_ends_the_child_processes_and_the_rerun_resumes_bit_identically(
     src = copy_sample(tmp_path / "src", KILL_IDS)
     (tmp_path / "tiny.json").write_text(json.dumps(TINY))
     train = ["--config", str(tmp_path / "tiny.json"), "--workers", "2"]
-    from flows.runtime import on_cluster
-    from flows.wsss import ingest
+    from wsseg.flows.runtime import on_cluster
+    from wsseg.flows.wsss import ingest
 
     # the corpus (in this process: ingest is not what is tested)
     on_cluster(ingest, cluster)(str(src), str(tmp_path / "killed"), shard_size=8)
@@ -92,7 +92,7 @@ def _cached_arrays(run: Path) -> dict[str, bytes]:
     the packs' indexes list them (a shard's pack is whole or absent)."""
     import json
 
-    from tasks.store import packs
+    from wsseg.tasks.store import packs
 
     out = {}
     for group in sorted(p for p in (run / "cache").iterdir() if (p / packs.INDEX_FILE).exists()):
@@ -114,10 +114,10 @@ def test_a_worker_killed_mid_stage_changes_nothing(tmp_path, prefect_harness, cl
     from prefect import flow
 
     from conftest import copy_sample
-    from flows.runtime import on_cluster
-    from flows.wsss import compute_all_features, ingest
-    from tasks.config import WSSSConfig
-    from tasks.store import Store
+    from wsseg.flows.runtime import on_cluster
+    from wsseg.flows.wsss import compute_all_features, ingest
+    from wsseg.tasks.config import WSSSConfig
+    from wsseg.tasks.store import Store
 
     config = WSSSConfig.model_validate({"shard_size": 1})
 
@@ -161,8 +161,8 @@ def test_prefect_server_gone_mid_run_keeps_the_outputs_and_says_what_was_not_rec
     import urllib.request
 
     from conftest import copy_sample
-    from flows.runtime import on_cluster
-    from flows.wsss import ingest
+    from wsseg.flows.runtime import on_cluster
+    from wsseg.flows.wsss import ingest
 
     run = tmp_path / "run"
     on_cluster(ingest, cluster)(str(copy_sample(tmp_path / "src", KILL_IDS)), str(run), shard_size=8)
@@ -184,7 +184,7 @@ def test_prefect_server_gone_mid_run_keeps_the_outputs_and_says_what_was_not_rec
                 break
             except OSError:
                 time.sleep(1)
-        cmd = subprocess.Popen([sys.executable, "-m", "flows.cli", "train", "--run-dir", str(run), "--config",
+        cmd = subprocess.Popen([sys.executable, "-m", "wsseg", "train", "--run-dir", str(run), "--config",
                                 str(tmp_path / "tiny.json"), "--workers", "2"], cwd=ROOT, env=env,
                                stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
         deadline = time.monotonic() + 300
@@ -215,7 +215,7 @@ def test_prefect_server_gone_mid_run_keeps_the_outputs_and_says_what_was_not_rec
 _ORPHANING = """
 import os, signal, subprocess, sys, time
 sys.path.insert(0, sys.argv[1])
-from flows.runtime import start_reaper
+from wsseg.flows.runtime import start_reaper
 start_reaper()
 r, w = os.pipe()
 if os.fork() == 0:  # the child starts the grandchild and leaves at once: the grandchild is an orphan
@@ -260,7 +260,7 @@ def test_the_watchdog_ends_an_orphan_the_command_left_before_it_was_killed():
 _FORKING = """
 import os, signal, sys, time
 sys.path.insert(0, sys.argv[1])
-from flows.runtime import start_reaper
+from wsseg.flows.runtime import start_reaper
 start_reaper()
 pid = os.fork()
 if pid == 0:  # the fork lets go of the captured output, so that only the fork itself is waited for

@@ -7,10 +7,10 @@ import numpy as np
 import pytest
 import scipy.sparse as sp
 
-from tasks.wsss.features import (FEATURE_NAMES, PROPOSAL_EXTRA_NAMES, proposal_features,
+from wsseg.tasks.wsss.features import (FEATURE_NAMES, PROPOSAL_EXTRA_NAMES, proposal_features,
                                  superpixel_features)
-from tasks.wsss.proposals import hierarchical_proposals
-from tasks.wsss.superpixels import areas, superpixels
+from wsseg.tasks.wsss.proposals import hierarchical_proposals
+from wsseg.tasks.wsss.superpixels import areas, superpixels
 
 SAMPLE = Path(__file__).resolve().parents[1] / "flows" / "sample" / "msrc21" / "images"
 COL = {name: i for i, name in enumerate(FEATURE_NAMES)}
@@ -133,7 +133,7 @@ def test_features_and_edges_are_bitwise_reproducible():
     """Two runs of one configuration must give the same pseudo-labels: the features feed the
     classifiers, and a last-bit difference changes what they learn. cv2.magnitude varied with
     memory alignment (in the superpixel features of these photos within six calls); nothing here may."""
-    from tasks.edges.weighting import feature_region_map
+    from wsseg.tasks.edges.weighting import feature_region_map
 
     for name in ("1_10_s", "2_20_s", "3_26_s", "3_30_s"):  # the sample photos where it showed
         image = cv2.cvtColor(cv2.imread(str(SAMPLE / f"{name}.jpg")), cv2.COLOR_BGR2RGB)
@@ -150,7 +150,7 @@ def test_lbp_is_scikit_image_s_bit_for_bit():
     flat image and a few-level image with many equal neighbours, at P=8, R=1 and two others."""
     from skimage.feature import local_binary_pattern
 
-    from tasks.wsss.features import _lbp_uniform
+    from wsseg.tasks.wsss.features import _lbp_uniform
 
     rng = np.random.default_rng(0)
     grays = [cv2.cvtColor(cv2.imread(str(p)), cv2.COLOR_BGR2GRAY) for p in sorted(SAMPLE.glob("*.jpg"))[:12]]

@@ -2,7 +2,7 @@ import numpy as np
 import pytest
 import scipy.sparse as sp
 
-from tasks.wsss.filtering import filter_proposals, proposal_iou
+from wsseg.tasks.wsss.filtering import filter_proposals, proposal_iou
 
 
 def _grid_labels(h, w, cell):

@@ -14,9 +14,9 @@ E2E_IDS = ["11_21_s", "12_25_s", "12_27_s", "12_33_s", "12_6_s", "12_8_s", "14_1
 
 
 def test_ingest_reports_bad_files_and_writes_nothing(tmp_path, prefect_harness, cluster):
-    from flows.runtime import on_cluster
-    from flows.wsss import ingest
-    from tasks.corpus.ingest import IngestError
+    from wsseg.flows.runtime import on_cluster
+    from wsseg.flows.wsss import ingest
+    from wsseg.tasks.corpus.ingest import IngestError
 
     src = copy_sample(tmp_path / "src", ["12_25_s", "10_3_s"])
     (src / "images" / "10_3_s.jpg").write_bytes(b"\xff\xd8 truncated")
@@ -36,10 +36,10 @@ def test_train_wsss_end_to_end(tmp_path, prefect_harness, cluster, one_torch_thr
 
 
 def _end_to_end(tmp_path, cluster, mlflow):
-    from flows.runtime import on_cluster
-    from flows.wsss import evaluate, ingest, train_wsss
-    from tasks.config import InferenceConfig, WSSSConfig
-    from tasks.store import Store
+    from wsseg.flows.runtime import on_cluster
+    from wsseg.flows.wsss import evaluate, ingest, train_wsss
+    from wsseg.tasks.config import InferenceConfig, WSSSConfig
+    from wsseg.tasks.store import Store
 
     src = copy_sample(tmp_path / "src", E2E_IDS)
     run = tmp_path / "run"
@@ -144,13 +144,13 @@ def _segment_new_images(tmp_path, run, src, n_classes):
 
     from PIL import Image
 
-    from tasks.highres.segment import segment
+    from wsseg.tasks.highres.segment import segment
 
     images = sorted((src / "images").glob("*.jpg"))[:2]
     stats, ungated = [], []
     pngs = segment(images, run, tmp_path / "seg", stats=stats, log=lambda m: None)
     segment(images, run, tmp_path / "seg_ungated", gate=False, stats=ungated, log=lambda m: None)
-    from tasks.store import Store, load_model
+    from wsseg.tasks.store import Store, load_model
 
     trained = set(load_model(json.loads((run / "summary.json").read_text())["final_model"])[1]["meta"]["trained_classes"])
     tagged = {Store(run).classes().index(t) for r in Store(run).manifest("train") for t in r.tags}

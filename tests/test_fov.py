@@ -4,7 +4,7 @@ import cv2
 import numpy as np
 import pytest
 
-from tasks.highres.fov import estimate_fov, fov_or_all, has_dark_border
+from wsseg.tasks.highres.fov import estimate_fov, fov_or_all, has_dark_border
 
 from conftest import SAMPLE
 

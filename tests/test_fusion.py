@@ -2,7 +2,7 @@ import numpy as np
 import pytest
 import scipy.sparse as sp
 
-from tasks.wsss.fusion import fuse_class, pseudo_label, seed_map, seeded_segmentation, three_way
+from wsseg.tasks.wsss.fusion import fuse_class, pseudo_label, seed_map, seeded_segmentation, three_way
 
 # The constructed cases below were built for these options (pseudo_label's defaults before they
 # became the configuration's, see test_pseudo_label_defaults_are_the_configuration's)
@@ -13,7 +13,7 @@ def test_pseudo_label_defaults_are_the_configuration_s():
     """One source of defaults: pseudo_label's keyword defaults are ProposalConfig's."""
     import inspect
 
-    from tasks.config import ProposalConfig
+    from wsseg.tasks.config import ProposalConfig
 
     cfg = ProposalConfig()
     names = {"seed_prior_weight": "prior_weight"}
@@ -282,7 +282,7 @@ def test_fast_internals_are_the_plain_formulas_bit_for_bit():
 
     import cv2
 
-    from tasks.wsss.fusion import _argmax_channels, _block_mean, _block_seeds, _gmm_logpdf
+    from wsseg.tasks.wsss.fusion import _argmax_channels, _block_mean, _block_seeds, _gmm_logpdf
 
     path = sorted((Path(__file__).resolve().parents[1] / "flows" / "sample" / "msrc21" / "images").glob("*.jpg"))[0]
     image = np.ascontiguousarray(cv2.cvtColor(cv2.imread(str(path)), cv2.COLOR_BGR2RGB)[::2, ::2])

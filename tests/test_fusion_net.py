@@ -4,9 +4,9 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from models.backbones import mobilenet_v2, resnet50
-from models.fusion_net import FusionNet, fusion_net
-from tasks.store.checkpoints import CheckpointError, build_network
+from wsseg.models.backbones import mobilenet_v2, resnet50
+from wsseg.models.fusion_net import FusionNet, fusion_net
+from wsseg.tasks.store.checkpoints import CheckpointError, build_network
 
 
 @pytest.fixture(scope="module", autouse=True)

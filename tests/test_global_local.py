@@ -4,10 +4,10 @@ import numpy as np
 import pytest
 import torch
 
-from models.global_local import (GlobalLocalNet, coarse_image, global_local, normalize,
+from wsseg.models.global_local import (GlobalLocalNet, coarse_image, global_local, normalize,
                                  patch_boxes_in_coarse, segment_large)
-from models.roi_align import roi_align
-from models.tiling import patch_grid
+from wsseg.models.roi_align import roi_align
+from wsseg.models.tiling import patch_grid
 
 torch.set_num_threads(1)
 
@@ -128,7 +128,7 @@ def test_segment_large_matches_forward(use_global):
 
 
 def _forward_with_coarse(model, x, coarse):
-    from models.tiling import Stitcher, extract_patches
+    from wsseg.models.tiling import Stitcher, extract_patches
     grid = patch_grid(x.shape[2], x.shape[3], 32, overlap=model.overlap)
     boxes = patch_boxes_in_coarse(grid, x.shape[2], x.shape[3], 32)
     s = Stitcher(x.shape[2], x.shape[3])
@@ -198,9 +198,9 @@ def _position_image(h, w):
 
 @pytest.mark.parametrize("flip", [False, True])
 def test_context_sample_crop_coarse_and_box(flip):
-    from models.global_local import coarse_input
-    from models.roi_align import roi_align
-    from tasks.common.training import Augment, context_sample, to_input
+    from wsseg.models.global_local import coarse_input
+    from wsseg.models.roi_align import roi_align
+    from wsseg.tasks.common.training import Augment, context_sample, to_input
 
     image = _position_image(100, 150)
     edge = (np.random.default_rng(0).random((100, 150)) < 0.2).astype(np.uint8)
@@ -229,7 +229,7 @@ def test_context_sample_crop_coarse_and_box(flip):
 
 
 def test_context_sample_pads_small_images():
-    from tasks.common.training import Augment, context_sample
+    from wsseg.tasks.common.training import Augment, context_sample
 
     image = _position_image(20, 30)
     inputs, target = context_sample(np.random.default_rng(0), image, None, np.ones((20, 30), np.uint8),
@@ -241,7 +241,7 @@ def test_context_sample_pads_small_images():
 
 
 def test_context_dataset_trains_global_local_through_fit(tmp_path):
-    from tasks.common.training import Augment, ContextDataset, TrainConfig, fit, predict_probs, segmentation_loss
+    from wsseg.tasks.common.training import Augment, ContextDataset, TrainConfig, fit, predict_probs, segmentation_loss
 
     rng = np.random.default_rng(0)
     samples = []
@@ -271,7 +271,7 @@ def test_context_dataset_trains_global_local_through_fit(tmp_path):
 
 
 def test_four_channel_inference_sees_the_whole_image():
-    from tasks.common.training import predict_probs
+    from wsseg.tasks.common.training import predict_probs
 
     model = global_local(3, in_channels=4, patch_size=32, width=8, blocks=(1, 1), overlap=4).eval()
     rng = np.random.default_rng(0)
@@ -287,7 +287,7 @@ def test_four_channel_inference_sees_the_whole_image():
     np.testing.assert_array_equal(predict_probs(no_ctx, image, edge, flip=False)[:, :28, :28],
                                   predict_probs(no_ctx, far, edge, flip=False)[:, :28, :28])
     # segment_large takes the same 4-channel input (RGB + 0/255 edge map, edge normalised to edge - 0.5)
-    from models.global_local import IMAGENET_MEAN, IMAGENET_STD
+    from wsseg.models.global_local import IMAGENET_MEAN, IMAGENET_STD
     four = np.concatenate([image, edge[..., None] * 255], -1).astype(np.uint8)
     labels = segment_large(model, four, overlap=4, mean=IMAGENET_MEAN + (0.5,), std=IMAGENET_STD + (1.0,))
     assert labels.shape == (64, 96)
@@ -338,7 +338,7 @@ def test_coarse_size_other_than_the_patch():
 
 
 def test_coarse_head_logits_and_loss():
-    from tasks.highres import train as hr
+    from wsseg.tasks.highres import train as hr
     model = _tiny(coarse_head=True)
     patches, coarse = torch.randn(2, 3, 32, 32), torch.randn(1, 3, 32, 32)
     boxes = torch.tensor([[0, 0, 0, 16, 16], [0, 8, 8, 24, 24.0]])
@@ -365,7 +365,7 @@ def test_coarse_residual_adds_the_patch_region_of_the_coarse_prediction():
     """With ``coarse_residual`` a patch's logits are its own plus the coarse head's logits of its
     region: with the patch classifier silenced, a patch predicts exactly what the coarse image
     says there (ROIAlign of the coarse logits, upsampled to the patch)."""
-    from models.roi_align import roi_align
+    from wsseg.models.roi_align import roi_align
 
     model = _tiny(coarse_head=True, coarse_residual=True).eval()
     patches, coarse = torch.randn(2, 3, 32, 32), torch.randn(1, 3, 32, 32)
@@ -487,7 +487,7 @@ def test_context_dataset_with_a_coarse_loss_trains_the_coarse_head():
     fractions at the coarse size; :func:`tasks.common.training.coarse_context_loss` trains the crop and
     the coarse head together, so the coarse head learns the whole image's layout (here: the top
     half is class 1, the bottom half class 0)."""
-    from tasks.common.training import Augment, ContextDataset, TrainConfig, coarse_context_loss, fit
+    from wsseg.tasks.common.training import Augment, ContextDataset, TrainConfig, coarse_context_loss, fit
 
     rng = np.random.default_rng(0)
     samples = []
@@ -556,7 +556,7 @@ def test_gate_eps_moves_the_f2_gate_in_proportion_to_its_gradient():
     weight decay), so a small gradient moves it in proportion to itself and a large one by about the
     learning rate; every other parameter, and the gate of a network without ``gate_eps``, takes
     Adam's normalised step of the learning rate whatever its gradient's size."""
-    from tasks.common.training import TrainConfig, make_optimizer
+    from wsseg.tasks.common.training import TrainConfig, make_optimizer
 
     cfg = TrainConfig(lr=0.01, weight_decay=0.0)
     gl = dict(coarse_head=True, coarse_residual=True, coarse_backbone=True, residual_init="random",

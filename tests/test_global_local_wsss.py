@@ -14,14 +14,14 @@ def test_train_wsss_with_global_local_segmenter(tmp_path, prefect_harness, clust
 
 
 def _rounds_with_global_local(tmp_path, cluster, monkeypatch):
-    from flows.runtime import on_cluster
-    from flows.wsss import ingest, train_wsss
-    from models.global_local import GlobalLocalNet
-    from tasks.common import training as tr
-    from tasks.config import WSSSConfig
-    from tasks.store import Store
-    from tasks.wsss import pipeline as pl
-    from tasks.wsss.feature_cache import FEATURE_STAGE
+    from wsseg.flows.runtime import on_cluster
+    from wsseg.flows.wsss import ingest, train_wsss
+    from wsseg.models.global_local import GlobalLocalNet
+    from wsseg.tasks.common import training as tr
+    from wsseg.tasks.config import WSSSConfig
+    from wsseg.tasks.store import Store
+    from wsseg.tasks.wsss import pipeline as pl
+    from wsseg.tasks.wsss.feature_cache import FEATURE_STAGE
 
     # every training sample of the segmenter must come with its whole image's context
     samples = []
@@ -79,7 +79,7 @@ def _rounds_with_global_local(tmp_path, cluster, monkeypatch):
     assert json.loads((run / "summary.json").read_text())["final_model"].endswith("r001/model.pt")
 
     # `wsseg segment --model RUN` applies the run's final (4-channel) model to an image file
-    from tasks.highres.segment import segment
+    from wsseg.tasks.highres.segment import segment
     stats = []
     pngs = segment([src / "images" / f"{E2E_IDS[0]}.jpg"], run, tmp_path / "seg", stats=stats, log=lambda _: None)
     from PIL import Image

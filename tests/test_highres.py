@@ -11,9 +11,9 @@ import pytest
 import torch
 from PIL import Image
 
-from tasks.highres import segment as sg
-from tasks.highres import train as hr
-from tasks.store import files
+from wsseg.tasks.highres import segment as sg
+from wsseg.tasks.highres import train as hr
+from wsseg.tasks.store import files
 from tests.conftest import load_tool
 
 torch.set_num_threads(1)
@@ -80,7 +80,7 @@ def test_load_split_takes_one_eval_image_per_group(tmp_path):
 
 
 def test_train_highres_balanced_lowers_loss_and_validates():
-    from models.global_local import global_local
+    from wsseg.models.global_local import global_local
     rng = np.random.default_rng(0)
     image = rng.integers(100, 130, (48, 64, 3)).astype(np.uint8)
     mask = np.zeros((48, 64), np.uint8)
@@ -101,7 +101,7 @@ def test_train_highres_balanced_lowers_loss_and_validates():
 
 @pytest.mark.command("bench highres", "segment")
 def test_bench_and_segment_end_to_end(tmp_path, monkeypatch, capsys):
-    from flows.highres import bench_highres
+    from wsseg.flows.highres import bench_highres
     ids = _synthetic_hrf(tmp_path / "hrf")
     out = tmp_path / "bench" / "highres.json"
     monkeypatch.chdir(tmp_path)  # relative paths, as the README's command gives them: the probes still find both
@@ -177,7 +177,7 @@ def test_bench_and_segment_end_to_end(tmp_path, monkeypatch, capsys):
     import sys
     from pathlib import Path
     root = Path(__file__).resolve().parents[1]
-    cli = subprocess.run([sys.executable, "-m", "flows.cli", "segment", str(images[0]), "--model", str(run), "--out",
+    cli = subprocess.run([sys.executable, "-m", "wsseg", "segment", str(images[0]), "--model", str(run), "--out",
                           str(tmp_path / "seg_cli"), "--threads", "1"], cwd=root, capture_output=True, text=True,
                          env={**__import__("os").environ, "PYTHONPATH": str(root)})
     assert cli.returncode == 0, cli.stderr[-2000:]
@@ -248,7 +248,7 @@ def test_read_image_reduced_decode_matches_full_decode(tmp_path):
 def test_parsers_register_commands():
     parser = argparse.ArgumentParser(prog="wsseg")
     sub = parser.add_subparsers(dest="command")
-    from flows import cli_bench, commands
+    from wsseg.flows import cli_bench, commands
     commands.add_segment_parser(sub)
     bench = sub.add_parser("bench").add_subparsers(dest="bench")
     cli_bench.add_bench_highres_parser(bench)
@@ -377,7 +377,7 @@ def test_msrc_highres_tool_upscales_images_and_masks(tmp_path):
 
 
 def test_bench_on_an_upscaled_multiclass_corpus(tmp_path, capsys):
-    from flows.highres import bench_highres
+    from wsseg.flows.highres import bench_highres
     src, ids = _msrc_source(tmp_path, 3, 2)
     data = tmp_path / "x2"
     assert _tool().main(["--src", str(src), "--out", str(data), "--upscale", "2"]) == 0
@@ -400,7 +400,7 @@ def test_bench_on_an_upscaled_multiclass_corpus(tmp_path, capsys):
         assert f"{name}_iou" not in saved                          # the vessel keys belong to two-class corpora
     # the checkpoint is the first global-local network's, with the corpus's classes; segment reads it
     ckpt = out.with_name("msrc_global_local.pt")
-    from tasks.store import load_model
+    from wsseg.tasks.store import load_model
     net, state = load_model(ckpt)
     assert net.num_classes == len(classes) and state["meta"]["classes"] == classes
     # a photo with a dark surround: a multi-class model whose class 0 is no background keeps every pixel
@@ -423,7 +423,7 @@ def test_bench_cross_validates_in_folds(tmp_path, capsys):
     """--folds 2 on four synthetic retinas: each fold's evaluation image is unseen by that fold's networks, the
     two folds' images differ, and the figures are those of the confusions summed over both, which count every
     annotated pixel of both evaluation masks once; the checkpoint is fold 0's."""
-    from flows.highres import bench_highres
+    from wsseg.flows.highres import bench_highres
     _synthetic_hrf(tmp_path / "hrf")
     out = tmp_path / "bench" / "cv.json"
     res = bench_highres(str(tmp_path / "hrf"), "train", str(out), train_n=3, eval_n=1, patch_size=16, scale=0.5,
@@ -462,7 +462,7 @@ def test_bench_highres_refuses_bad_folds_in_one_line_before_prefect(tmp_path):
     root = Path(__file__).resolve().parents[1]
     for extra, said in ((["--folds", "5"], "fold 4 of 1 evaluation images needs 5 ids"),
                         (["--folds", "2", "--eval-split", "val"], "there is only fold 0")):
-        out = subprocess.run([sys.executable, "-m", "flows.cli", "bench", "highres", "--data", str(tmp_path / "hrf"),
+        out = subprocess.run([sys.executable, "-m", "wsseg", "bench", "highres", "--data", str(tmp_path / "hrf"),
                               "--eval-n", "1", "--train-n", "3", "--out", str(tmp_path / "b" / "x.json"), *extra],
                              cwd=root, capture_output=True, text=True, timeout=300)
         errors = [line for line in out.stderr.splitlines() if "error" in line.lower()]
@@ -507,7 +507,7 @@ def test_training_against_soft_coarse_targets_learns_the_coarse_image():
     """train_highres with coarse_targets='soft': the coarse head is trained on the class fractions,
     so after training its prediction on each coarse image follows the two halves of the mask."""
     from conftest import two_colour_images
-    from models.global_local import coarse_image, global_local, normalize
+    from wsseg.models.global_local import coarse_image, global_local, normalize
     images, masks = two_colour_images()
     torch.manual_seed(0)
     model = global_local(3, patch_size=32, width=8, blocks=(1, 1), coarse_head=True)
@@ -527,8 +527,8 @@ def test_every_benchmark_variant_trains_evaluates_and_rebuilds_from_its_options(
     loss, scores an IoU in [0, 1], and rebuilds from the options its checkpoint keeps into the same
     network (what `wsseg segment --model` does); the quiet-gate variants give F2's gate its own
     optimiser group."""
-    from tasks.common.training import TrainConfig, make_optimizer
-    from tasks.store import build_network
+    from wsseg.tasks.common.training import TrainConfig, make_optimizer
+    from wsseg.tasks.store import build_network
 
     rng = np.random.default_rng(0)
     images, masks = [], []
@@ -563,7 +563,7 @@ def test_every_benchmark_variant_trains_evaluates_and_rebuilds_from_its_options(
 def test_bench_highres_help_names_every_variant():
     """`wsseg bench highres --help` says what each network of ``--variants`` is: every name of
     ``VARIANTS`` appears in it (a variant added without a word of help fails here)."""
-    from flows import cli_bench
+    from wsseg.flows import cli_bench
 
     highres = cli_bench.add_bench_highres_parser(argparse.ArgumentParser(prog="wsseg bench").add_subparsers())
     text = " ".join(highres.format_help().split())

@@ -45,20 +45,20 @@ def _fewer_classes(src: Path) -> list[str]:
 
 
 def _config():
-    from tasks.config import WSSSConfig
+    from wsseg.tasks.config import WSSSConfig
 
     return WSSSConfig.model_validate(TINY)
 
 
 def _train(run: Path, config=None) -> dict:
-    from flows.wsss import train_wsss
+    from wsseg.flows.wsss import train_wsss
 
     return train_wsss(str(run), config or _config())
 
 
 def test_another_class_list_recomputes_and_equals_a_fresh_run(tmp_path, prefect_harness, one_torch_thread, capfd):
-    from flows.wsss import ingest
-    from tasks.store import Store
+    from wsseg.flows.wsss import ingest
+    from wsseg.tasks.store import Store
 
     small = copy_sample(tmp_path / "small", FIRST)
     names = _fewer_classes(small)
@@ -136,9 +136,9 @@ def _mtimes(run: Path, ids: list[str]) -> dict[str, int]:
 
 
 def test_ingest_again_and_refresh_label_only_what_is_new(tmp_path, prefect_harness, one_torch_thread):
-    from flows.wsss import evaluate, ingest, refresh
-    from tasks.report.status import run_status
-    from tasks.store import Store
+    from wsseg.flows.wsss import evaluate, ingest, refresh
+    from wsseg.tasks.report.status import run_status
+    from wsseg.tasks.store import Store
 
     src = copy_sample(tmp_path / "src", FIRST)
     run = tmp_path / "run"
@@ -200,9 +200,9 @@ def test_ingest_again_and_refresh_label_only_what_is_new(tmp_path, prefect_harne
 
 
 def test_refresh_refuses_another_class_list(tmp_path, prefect_harness):
-    from flows.wsss import refresh
-    from tasks.corpus.resume import classes_entry, round_inputs
-    from tasks.store import ClassSpec, ImageRecord, Store
+    from wsseg.flows.wsss import refresh
+    from wsseg.tasks.corpus.resume import classes_entry, round_inputs
+    from wsseg.tasks.store import ClassSpec, ImageRecord, Store
 
     store = Store(tmp_path / "run")
     recs = [ImageRecord("a", 4, 4, ("x",), "0" * 64, "train", "a.jpg", False)]
@@ -220,9 +220,9 @@ def test_a_refused_ingest_again_keeps_the_stored_images(tmp_path, prefect_harnes
     """An ingest again that is refused (one unreadable new image) changes nothing: the image it
     re-read (other bytes) keeps its stored array, mask and manifest row; accepted, the new
     array replaces it."""
-    from flows.wsss import ingest
-    from tasks.corpus.ingest import IngestError, decode_image
-    from tasks.store import Store
+    from wsseg.flows.wsss import ingest
+    from wsseg.tasks.corpus.ingest import IngestError, decode_image
+    from wsseg.tasks.store import Store
 
     ids = ["12_25_s", "12_27_s", "1_10_s"]
     src = copy_sample(tmp_path / "src", ids)
@@ -261,9 +261,9 @@ def test_refresh_of_a_later_round_first_gives_the_image_its_round_0_label(tmp_pa
     """Rounds >= 1 mix round 0's pseudo-label into their preliminary result (prior_source
     'labels', the default): refreshing an image with round 1's models computes its round-0 label
     first, and both equal what the rounds gave it."""
-    from flows.wsss import ingest, refresh
-    from tasks.config import WSSSConfig
-    from tasks.store import Store
+    from wsseg.flows.wsss import ingest, refresh
+    from wsseg.tasks.config import WSSSConfig
+    from wsseg.tasks.store import Store
 
     src = copy_sample(tmp_path / "src", FIRST)
     run = tmp_path / "run"
@@ -285,9 +285,9 @@ def test_refresh_of_a_later_round_first_gives_the_image_its_round_0_label(tmp_pa
 def test_an_option_of_the_later_rounds_keeps_round_0_whole(tmp_path, prefect_harness, one_torch_thread, capfd):
     """prior_weight acts on the preliminary result of rounds >= 1 only: a run resumed with another
     value computes round 1 again and keeps round 0 (its labels, its model and its record)."""
-    from flows.wsss import ingest
-    from tasks.config import WSSSConfig
-    from tasks.store import Store
+    from wsseg.flows.wsss import ingest
+    from wsseg.tasks.config import WSSSConfig
+    from wsseg.tasks.store import Store
 
     src = copy_sample(tmp_path / "src", FIRST)
     run = tmp_path / "run"
@@ -322,8 +322,8 @@ def test_another_background_score_computes_round_0_again_with_the_same_classifie
     implicit background) is not how the classifier was trained: a run resumed with another rule
     keeps classifier.pt and computes round 0 again, whose CAM labels then leave more background
     on the images with two or more object tags and the same on those with one."""
-    from flows.wsss import ingest
-    from tasks.store import Store
+    from wsseg.flows.wsss import ingest
+    from wsseg.tasks.store import Store
 
     src = copy_sample(tmp_path / "src", FIRST)
     rows = (src / "labels.csv").read_text().splitlines()
@@ -364,9 +364,9 @@ def test_another_stopping_rule_decides_the_finished_rounds_again(tmp_path, prefe
     resumed with another rule takes each finished round's decision again from its record. Where it
     stands the round is kept whole, model included; where it changes, the round keeps its labels
     and trains its model for the new decision, and the rounds after it go."""
-    from flows.wsss import ingest
-    from tasks.config import WSSSConfig
-    from tasks.store import Store
+    from wsseg.flows.wsss import ingest
+    from wsseg.tasks.config import WSSSConfig
+    from wsseg.tasks.store import Store
 
     src = copy_sample(tmp_path / "src", FIRST)
     run = tmp_path / "run"

@@ -3,8 +3,8 @@ from __future__ import annotations
 
 import numpy as np
 
-from tasks.report.overlay import grid, legend, palette, with_legend
-from tasks.wsss.pipeline import trained_classes_only
+from wsseg.tasks.report.overlay import grid, legend, palette, with_legend
+from wsseg.tasks.wsss.pipeline import trained_classes_only
 
 
 def test_untrained_classes_are_never_the_answer():

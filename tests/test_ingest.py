@@ -3,7 +3,7 @@ import numpy as np
 import pytest
 
 from conftest import copy_sample
-from tasks.corpus.ingest import IngestError, load_image, load_mask, read_source
+from wsseg.tasks.corpus.ingest import IngestError, load_image, load_mask, read_source
 
 
 def test_folder_layout(tmp_path, sample_dir):
@@ -65,8 +65,8 @@ def test_voc_layout(tmp_path, sample_dir):
 
 
 def test_corpus_changes_sorts_each_image():
-    from tasks.corpus.ingest import corpus_changes
-    from tasks.store import ImageRecord
+    from wsseg.tasks.corpus.ingest import corpus_changes
+    from wsseg.tasks.store import ImageRecord
 
     def rec(i, sha, tags=("x",), split="train"):
         return ImageRecord(i, 1, 1, tags, sha * 64, split, f"{i}.jpg", False)
@@ -83,8 +83,8 @@ def test_ingest_again_decodes_only_what_changed(tmp_path, monkeypatch):
     and its array not rewritten, a changed mask is read again."""
     from PIL import Image
 
-    from tasks.store import Store
-    from tasks.wsss import pipeline as pl
+    from wsseg.tasks.store import Store
+    from wsseg.tasks.wsss import pipeline as pl
 
     src = copy_sample(tmp_path / "d", ["12_25_s", "10_3_s"])
     items = {i: dict(image_path=str(src / "images" / f"{i}.jpg"), mask_path=str(src / "masks" / f"{i}.png"),

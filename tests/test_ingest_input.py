@@ -11,10 +11,10 @@ import pytest
 from PIL import Image
 
 from conftest import copy_sample
-from tasks.corpus import ingest as ing
-from tasks.corpus.ingest import IngestError, check_headers, check_source, decode_image, load_mask, read_source
-from tasks.store import Store
-from tasks.wsss import pipeline as pl
+from wsseg.tasks.corpus import ingest as ing
+from wsseg.tasks.corpus.ingest import IngestError, check_headers, check_source, decode_image, load_mask, read_source
+from wsseg.tasks.store import Store
+from wsseg.tasks.wsss import pipeline as pl
 
 IDS = ["12_25_s", "10_3_s"]  # two sample photos, 320x213
 
@@ -211,8 +211,8 @@ def test_problem_count_excludes_the_hint():
 
 
 def test_cli_checks_before_any_cluster_and_states_defaults(tmp_path, monkeypatch, capsys):
-    from flows import cli
-    import flows.runtime
+    from wsseg.flows import cli
+    import wsseg.flows.runtime
 
     src = copy_sample(tmp_path / "d", IDS)
     (src / "labels.csv").write_text("image_id,labels\n12_25_s,grass;unicorn\n10_3_s,grass,sheep\n")
@@ -220,8 +220,8 @@ def test_cli_checks_before_any_cluster_and_states_defaults(tmp_path, monkeypatch
     def no_cluster(*a, **k):
         raise AssertionError("the cluster started before the cheap checks")
 
-    monkeypatch.setattr(flows.runtime, "dask_cluster", no_cluster)
-    monkeypatch.setattr(flows.runtime, "prepare", lambda *a, **k: None)
+    monkeypatch.setattr(wsseg.flows.runtime, "dask_cluster", no_cluster)
+    monkeypatch.setattr(wsseg.flows.runtime, "prepare", lambda *a, **k: None)
     assert cli.main(["ingest", str(src), "--run-dir", str(tmp_path / "run")]) == 2
     err = capsys.readouterr().err.splitlines()
     assert err[0].startswith("wsseg ingest in ") and "checking the input" in err[0]  # what starts, at once
@@ -240,8 +240,8 @@ def test_cli_checks_before_any_cluster_and_states_defaults(tmp_path, monkeypatch
 
 # ---------------------------------------------------------------------------- through the flow
 def test_flow_refuses_without_writing_and_skip_invalid_reconciles(tmp_path, prefect_harness, cluster):
-    from flows.runtime import on_cluster
-    from flows.wsss import ingest
+    from wsseg.flows.runtime import on_cluster
+    from wsseg.flows.wsss import ingest
 
     src = copy_sample(tmp_path / "src", IDS + ["14_13_s"])
     mask = np.array(Image.open(src / "masks" / "10_3_s.png"))

@@ -7,11 +7,11 @@ import numpy as np
 import pytest
 
 
-from tasks.config import WSSSConfig
-from tasks.corpus.tags import contrast_warnings, tag_statistics
-from tasks.wsss.foreground import (box_grabcut, boundary_saliency, evidence_grabcut, foreground_active,
+from wsseg.tasks.config import WSSSConfig
+from wsseg.tasks.corpus.tags import contrast_warnings, tag_statistics
+from wsseg.tasks.wsss.foreground import (box_grabcut, boundary_saliency, evidence_grabcut, foreground_active,
                                    foreground_label, foreground_probs)
-from tasks.wsss.stopping import decide
+from wsseg.tasks.wsss.stopping import decide
 from tests.conftest import load_tool
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -96,7 +96,7 @@ def _iou(a, b):
 
 
 def test_box_grabcut_and_saliency_find_a_centred_object():
-    from tasks.wsss import superpixels as spx
+    from wsseg.tasks.wsss import superpixels as spx
 
     img, disk = _disk_image()
     assert _iou(box_grabcut(img), disk) > 0.9
@@ -204,9 +204,9 @@ def test_one_class_corpus_warns_at_ingest_and_train_and_takes_the_foreground_pat
         tmp_path, prefect_harness, cluster, one_torch_thread):
     import mlflow
 
-    from flows.runtime import on_cluster
-    from flows.wsss import ingest, train_wsss
-    from tasks.store import Store
+    from wsseg.flows.runtime import on_cluster
+    from wsseg.flows.wsss import ingest, train_wsss
+    from wsseg.tasks.store import Store
 
     src = one_class_corpus(tmp_path / "src", 6)
     run = tmp_path / "run"
@@ -232,7 +232,7 @@ def test_one_class_corpus_warns_at_ingest_and_train_and_takes_the_foreground_pat
         assert 0.0 <= row["pseudo_label_class_accuracy"] <= 1.0 and 0.0 <= row["pseudo_label_chance_miou"] <= 1.0
     # round 0's preliminary result is the image's saliency (the one object tag takes all of the
     # foreground), not the CAM against a constant background score
-    from tasks.wsss.feature_cache import load_features
+    from wsseg.tasks.wsss.feature_cache import load_features
 
     store = Store(run)
     for rec in store.manifest():
@@ -242,8 +242,8 @@ def test_one_class_corpus_warns_at_ingest_and_train_and_takes_the_foreground_pat
         assert np.abs(prelim[1] - expected).max() <= 1 / 255 + 1e-6
         assert np.abs(prelim[0] - (1 - expected)).max() <= 1 / 255 + 1e-6
     # its pseudo-labels are GrabCut of the whole image from the mean foreground evidence
-    from tasks.wsss import pipeline as pl
-    from tasks.wsss.proposal_classifier import round_mil_model
+    from wsseg.tasks.wsss import pipeline as pl
+    from wsseg.tasks.wsss.proposal_classifier import round_mil_model
 
     classes = store.classes()
     clf = store.read_classifier("proposal_classifier", 0)["model"]
@@ -256,7 +256,7 @@ def test_one_class_corpus_warns_at_ingest_and_train_and_takes_the_foreground_pat
         assert set(np.unique(want)) <= {0, 1}
     # the stopping rule's tag coverage, recomputed from the stored labels: the object tag and the
     # implicit background on every image
-    from tasks.common.metrics import tag_coverage, tag_log_shares
+    from wsseg.tasks.common.metrics import tag_coverage, tag_log_shares
 
     sums, counts = np.zeros(classes.n), np.zeros(classes.n)
     for rec in store.manifest():
@@ -279,9 +279,9 @@ def test_round_zero_starts_from_the_cam_labels_or_on_the_foreground_path_from_it
     the CAM, the argmax of round 0's preliminary result."""
     from types import SimpleNamespace
 
-    from tasks.config import ForegroundConfig
-    from tasks.store import Store
-    from tasks.wsss.pipeline import start_labels
+    from wsseg.tasks.config import ForegroundConfig
+    from wsseg.tasks.store import Store
+    from wsseg.tasks.wsss.pipeline import start_labels
 
     store = Store(tmp_path)
     cam = np.zeros((6, 8), np.uint8)  # the CAM: all background
@@ -321,7 +321,7 @@ def test_label_areas_says_how_much_larger_a_class_is_labelled_than_it_is():
     its neighbour's) has area 2.0 and IoU 0.5; the neighbour, labelled on 8 of its 12, 0.667 / 0.667;
     ignored pixels of the mask count nowhere, and a class with no true pixel is NaN."""
     tool = load_tool("label_areas")
-    from tasks.common.metrics import confusion_matrix
+    from wsseg.tasks.common.metrics import confusion_matrix
 
     mask = np.zeros((4, 5), np.uint8)
     mask[0, :4] = 1           # class 1: 4 pixels; class 0: 12 pixels (plus the ignored column)
@@ -339,7 +339,7 @@ def test_seed_errors_keeps_the_seed_map_step_7_receives_and_puts_the_solver_back
     """tools/seed_errors.py's spy: inside it, a seeded segmentation (as pseudo_label calls it, through
     the module) runs unchanged and its seed map is kept; after it, the module's own function is back."""
     tool = load_tool("seed_errors")
-    from tasks.wsss import fusion
+    from wsseg.tasks.wsss import fusion
 
     solve = fusion.seeded_segmentation
     image = np.zeros((6, 8, 3), np.uint8)
@@ -356,9 +356,9 @@ def test_seed_errors_keeps_the_seed_map_step_7_receives_and_puts_the_solver_back
 def test_box_grabcut_baseline_is_computed_once_per_image(tmp_path, prefect_harness):
     """`bench quality` again on a run directory reuses the box GrabCut labels it stored: only an
     image without one is computed (here one whose labels were dropped), and the others stay as they were."""
-    from flows.wsss import ingest
-    from tasks.store import Store
-    from tasks.wsss.pipeline import box_grabcut_shard
+    from wsseg.flows.wsss import ingest
+    from wsseg.tasks.store import Store
+    from wsseg.tasks.wsss.pipeline import box_grabcut_shard
 
     src = one_class_corpus(tmp_path / "src", 3)
     run = tmp_path / "run"
@@ -390,8 +390,8 @@ def test_background_by_tags_pools_each_tag_count_s_images():
 
 
 def test_a_budget_decision_is_taken_again_when_the_budget_moves():
-    from tasks.config import WSSSConfig
-    from tasks.wsss.stopping import budget_moved, decide
+    from wsseg.tasks.config import WSSSConfig
+    from wsseg.tasks.wsss.stopping import budget_moved, decide
 
     last = decide(WSSSConfig(max_rounds=1), 0, 0.5, 0.0).record()
     assert last["stops_rounds"] and not budget_moved(last, 0, WSSSConfig(max_rounds=1))

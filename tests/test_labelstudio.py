@@ -23,7 +23,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from tasks.labels.labelstudio import brush_rle_decode, brush_rle_encode, read_export
+from wsseg.tasks.labels.labelstudio import brush_rle_decode, brush_rle_encode, read_export
 
 ROOT = Path(__file__).resolve().parents[1]
 LS_VENV = ROOT / ".venv-labelstudio"
@@ -40,7 +40,7 @@ def _ls_python() -> Path:
 
 
 def _stored(run: Path) -> tuple[dict[str, np.ndarray], list[str], int]:
-    from tasks.store import Store
+    from wsseg.tasks.store import Store
 
     store = Store(run)
     final = store.read_summary()["final_round"]
@@ -236,12 +236,12 @@ def _api(url: str, method: str, path: str, body=None, raw: bool = False):
 
 @pytest.mark.command("export", "ingest")
 def test_a_real_label_studio_takes_the_export_and_gives_back_a_persons_correction(tmp_path, tiny_run):
-    from tasks.store import Store, params_key
+    from wsseg.tasks.store import Store, params_key
 
     labels, names, final = _stored(tiny_run)
     digest = params_key(Store(tiny_run).read_config())
     out = tmp_path / "ls"
-    res = subprocess.run([sys.executable, "-m", "flows.cli", "export", "--run-dir", str(tiny_run), "--format",
+    res = subprocess.run([sys.executable, "-m", "wsseg", "export", "--run-dir", str(tiny_run), "--format",
                           "labelstudio", "--out", str(out)], cwd=ROOT, capture_output=True, text=True, timeout=300)
     assert res.returncode == 0, res.stderr
     assert f"exported round {final}'s labels of {len(labels)} images" in res.stdout
@@ -311,7 +311,7 @@ def test_a_real_label_studio_takes_the_export_and_gives_back_a_persons_correctio
 
     run = tmp_path / "run"
     shutil.copytree(tiny_run, run, ignore=shutil.ignore_patterns(".prefect", "mlflow.db", "dask-scratch"))
-    res = subprocess.run([sys.executable, "-m", "flows.cli", "ingest", "--run-dir", str(run), "--corrections",
+    res = subprocess.run([sys.executable, "-m", "wsseg", "ingest", "--run-dir", str(run), "--corrections",
                           str(export)], cwd=ROOT, capture_output=True, text=True, timeout=300)
     assert res.returncode == 0, res.stderr
     assert np.array_equal(Store(run).correction(iid), corrected)

@@ -6,16 +6,16 @@ import numpy as np
 import pytest
 import torch
 
-from models import efficientnet_lite as el
-from models.lite_nets import FROZEN_BLOCKS, lite_classifier, lite_segnet
-from models.small import load_encoder_from
-from tasks.common.training import to_input
-from tasks.config import ClassifierConfig, FeatureConfig, SegmentationConfig, WSSSConfig, config_difference
-from tasks.corpus import resume
-from tasks.corpus.encoders import pretrained_encoders, with_weight_digests
-from tasks.store import ClassSpec, ImageRecord
-from tasks.store.checkpoints import build_network, imagenet_weights, load_model, save_model
-from tasks.wsss.classifier import classifier_builder
+from wsseg.models import efficientnet_lite as el
+from wsseg.models.lite_nets import FROZEN_BLOCKS, lite_classifier, lite_segnet
+from wsseg.models.small import load_encoder_from
+from wsseg.tasks.common.training import to_input
+from wsseg.tasks.config import ClassifierConfig, FeatureConfig, SegmentationConfig, WSSSConfig, config_difference
+from wsseg.tasks.corpus import resume
+from wsseg.tasks.corpus.encoders import pretrained_encoders, with_weight_digests
+from wsseg.tasks.store import ClassSpec, ImageRecord
+from wsseg.tasks.store.checkpoints import build_network, imagenet_weights, load_model, save_model
+from wsseg.tasks.wsss.classifier import classifier_builder
 
 
 def test_input_is_the_lite_scale_of_the_shared_data_path():
@@ -84,7 +84,7 @@ def test_the_segmenter_starts_from_the_classifiers_encoder():
     a, b = clf.encoder.state_dict(), seg.encoder.state_dict()
     assert all(torch.equal(a[k], b[k]) for k in b)
     # another kind of encoder: nothing is copied
-    from models.small import image_classifier
+    from wsseg.models.small import image_classifier
     assert load_encoder_from(seg, image_classifier(3)) == 0
 
 
@@ -131,8 +131,8 @@ def test_a_missing_package_is_one_line_naming_it_and_the_from_scratch_option(mon
 
 
 def test_method_c_takes_the_pretrained_backbone(tmp_path):
-    import models
-    from models.global_local import CompactHRNet
+    from wsseg import models
+    from wsseg.models.global_local import CompactHRNet
 
     x = torch.randn(2, 3, 96, 96)
     lite = build_network("global_local", 3, in_channels=3, patch_size=96, width=16, backbone="lite0").eval()
@@ -162,7 +162,7 @@ def test_method_c_takes_the_pretrained_backbone(tmp_path):
 
 def test_the_pretrained_option_is_the_users_and_weights_are_not():
     """``pretrained`` is what a configuration names; ``weights`` (state dicts) only build_network passes."""
-    from tasks.store.checkpoints import network_options
+    from wsseg.tasks.store.checkpoints import network_options
 
     assert network_options("lite") == ("variant", "output_stride", "decoder", "pretrained")
     assert SegmentationConfig(options={"pretrained": False}).options == {"pretrained": False}
@@ -178,7 +178,7 @@ def test_an_option_an_older_wsseg_did_not_record_is_no_change_while_it_keeps_its
     lacks the key; the option is in ADDED_OPTIONS at 1.0): today's default is no reason to recompute its
     rounds or retrain its classifier, and the start-up message names no field; the option set to another
     value is a change, and so is a missing option that is not neutral."""
-    from tasks.config import settings_changed
+    from wsseg.tasks.config import settings_changed
 
     classes = ClassSpec(("cow", "grass"))
     recs = [ImageRecord("a", 4, 4, ("cow",), "0" * 64, "train", "a.jpg", False)]

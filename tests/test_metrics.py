@@ -1,7 +1,7 @@
 import numpy as np
 import pytest
 
-from tasks.common.metrics import (
+from wsseg.tasks.common.metrics import (
                                   ConfusionAccumulator,
                                   changed_share,
                                   confusion_matrix,
@@ -98,7 +98,7 @@ def test_accumulator_equals_summed_confusion():
 
 
 def test_mean_class_accuracy_known_counts():
-    from tasks.common.metrics import class_accuracy_from_confusion
+    from wsseg.tasks.common.metrics import class_accuracy_from_confusion
 
     # rows of the confusion of PRED against GT above: class 0 3/4 right, class 1 3/4 (one
     # undecided pixel is wrong), class 2 5/6, class 3 absent from the truth (NaN, left out)
@@ -117,7 +117,7 @@ def test_mean_class_accuracy_known_counts():
 
 
 def test_source_scores_report_class_accuracy_beside_miou():
-    from tasks.wsss.summary import source_scores
+    from wsseg.tasks.wsss.summary import source_scores
 
     conf = confusion_matrix(PRED, GT, 4)
     half = conf // 2
@@ -125,14 +125,14 @@ def test_source_scores_report_class_accuracy_beside_miou():
     assert out["mean_class_accuracy"] == pytest.approx((0.75 + 0.75 + 5 / 6) / 3)
     assert out["per_class_accuracy"] == {"a": 0.75, "b": 0.75, "c": pytest.approx(5 / 6), "d": None}
     assert out["miou"] == pytest.approx(iou_from_confusion(conf)[1])
-    from tasks.common.metrics import chance_iou_from_confusion
+    from wsseg.tasks.common.metrics import chance_iou_from_confusion
     assert out["chance_miou"] == pytest.approx(chance_iou_from_confusion(conf)[1])
     assert out["per_class_chance_iou"]["d"] is None and out["per_class_chance_iou"]["a"] == pytest.approx(
         chance_iou_from_confusion(conf)[0][0])
 
 
 def test_chance_iou_is_what_labels_placed_at_random_score():
-    from tasks.common.metrics import chance_iou_from_confusion
+    from wsseg.tasks.common.metrics import chance_iou_from_confusion
 
     # 10 pixels, truth 6 of class 0 and 4 of class 1, prediction the same shares: the expected
     # overlaps are 6*6/10 and 4*4/10, whatever the prediction's diagonal
@@ -160,7 +160,7 @@ def test_chance_iou_is_what_labels_placed_at_random_score():
 
 
 def test_reverted_share_counts_changes_that_go_back():
-    from tasks.common.metrics import reverted_share
+    from wsseg.tasks.common.metrics import reverted_share
 
     before = np.array([0, 0, 1, 1, 2])
     previous = np.array([1, 0, 1, 0, 2])  # pixels 0 and 3 changed in the round before
@@ -175,7 +175,7 @@ def test_round_shares_from_shard_pixel_counts_and_from_older_per_image_stats():
     """The round's changed / ignore / reverted shares are pixel-weighted over the whole split:
     from the pseudo-label shards' summed pixel counts, and equally from the per-image shares a
     shard finished by an older wsseg recorded."""
-    from tasks.wsss.summary import label_shares, reverted_of
+    from wsseg.tasks.wsss.summary import label_shares, reverted_of
 
     new = [{"images": 2, "pixels": 300, "changed_pixels": 30, "reverted_pixels": 3, "ignore_pixels": 60},
            {"images": 1, "pixels": 100, "changed_pixels": 50, "reverted_pixels": 0, "ignore_pixels": 0}]
@@ -190,8 +190,8 @@ def test_tag_coverage_known_by_construction():
     """Tag coverage (the stopping rule's signal): the mean over tagged classes of the mean log
     label share on their images. Hand-counted: image A (tags 0, 1) labelled 3/4 class 0 and 1/4
     class 1, image B (tag 1) all class 1; a class the labels leave out counts as the floor."""
-    from tasks.common.metrics import SHARE_FLOOR, tag_coverage, tag_log_shares
-    from tasks.wsss.summary import coverage_of
+    from wsseg.tasks.common.metrics import SHARE_FLOOR, tag_coverage, tag_log_shares
+    from wsseg.tasks.wsss.summary import coverage_of
 
     a = np.array([[0, 0], [0, 1]], np.uint8)
     b = np.ones((2, 2), np.uint8)
@@ -219,7 +219,7 @@ def test_tag_coverage_known_by_construction():
 def test_tag_coverage_falls_when_a_large_class_eats_a_small_one():
     """The drift the stopping rule is after: images tagged (sky, bird), the bird 5 % of each; labels
     that give half the bird to the sky score lower, labels that find all of it higher."""
-    from tasks.common.metrics import tag_coverage, tag_log_shares
+    from wsseg.tasks.common.metrics import tag_coverage, tag_log_shares
 
     def coverage(bird_rows):
         sums, counts = np.zeros(2), np.zeros(2)
@@ -246,7 +246,7 @@ def test_miou_is_over_the_classes_of_the_truth_so_a_stray_absent_class_costs_onl
     assert np.isnan(per_b[2]) and miou_b == pytest.approx((0.75 + 0.8) / 2)
     # both are averaged over the truth's classes 0 and 1, whatever each predicts (a's stray pixel
     # counts as an error of class 0); before, a was averaged over three classes and b over two
-    from tasks.common.metrics import chance_iou_from_confusion
+    from wsseg.tasks.common.metrics import chance_iou_from_confusion
     per_chance, chance = chance_iou_from_confusion(confusion_matrix(a, gt, 3))
     assert per_chance[2] == 0.0 and chance == pytest.approx(np.mean(per_chance[:2]))
     acc = ConfusionAccumulator(3)

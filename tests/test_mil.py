@@ -4,8 +4,8 @@ import numpy as np
 import pytest
 import torch
 
-from tasks.wsss.mil import claim_targets, evidence, hard_targets, refine
-from tasks.wsss.proposal_classifier import combine_evidence
+from wsseg.tasks.wsss.mil import claim_targets, evidence, hard_targets, refine
+from wsseg.tasks.wsss.proposal_classifier import combine_evidence
 
 
 def test_hard_targets_respect_allowed():
@@ -162,7 +162,7 @@ def test_negatives_separate_classes_that_share_every_image():
 
 
 def test_negatives_by_round():
-    from tasks.config import MILConfig
+    from wsseg.tasks.config import MILConfig
 
     assert [MILConfig().negatives_in(r) for r in (0, 1, 2)] == [True, False, False]  # the default: round 0 only
     assert [MILConfig(negatives="all_rounds").negatives_in(r) for r in (0, 3)] == [True, True]

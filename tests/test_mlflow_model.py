@@ -9,12 +9,12 @@ import yaml
 from PIL import Image
 
 from conftest import SAMPLE
-from tasks.runtime import tracking
+from wsseg.tasks.runtime import tracking
 
 
 def test_logged_model_is_registered_and_labels_an_image(tmp_path):
-    import models
-    from tasks.common.training import to_input
+    from wsseg import models
+    from wsseg.tasks.common.training import to_input
 
     classes = (SAMPLE / "classes.txt").read_text().split()
     net = models.build_model("small", len(classes), in_channels=3, width=16)

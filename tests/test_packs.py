@@ -6,7 +6,7 @@ import multiprocessing as mp
 import numpy as np
 import pytest
 
-from tasks.store import Store, packs
+from wsseg.tasks.store import Store, packs
 
 
 def _label(i, shape=(6, 7)):
@@ -106,7 +106,7 @@ def test_concurrent_shards_into_a_new_group(tmp_path):
 def test_an_older_run_directory_still_reads_and_takes_new_packs(tmp_path):
     """Per-image arrays (the layout before packs: one Zarr array per image) read as before; new
     shards write packs beside them; drop_labels removes an image from both."""
-    from tasks.store import chunked
+    from wsseg.tasks.store import chunked
 
     store = Store(tmp_path)
     for group in ("pseudo.zarr", "prelim.zarr"):

@@ -2,7 +2,7 @@
 import numpy as np
 import scipy.sparse as sp
 
-from tasks.wsss.proposal_classifier import predict_proposals, proposal_targets, train_proposal_classifier
+from wsseg.tasks.wsss.proposal_classifier import predict_proposals, proposal_targets, train_proposal_classifier
 
 
 def test_targets_known_answer():

@@ -8,8 +8,8 @@ import pytest
 import scipy.sparse as sp
 from scipy.sparse.csgraph import connected_components
 
-from tasks.wsss.proposals import hierarchical_proposals, proposal_areas
-from tasks.wsss.superpixels import adjacency, areas, superpixels
+from wsseg.tasks.wsss.proposals import hierarchical_proposals, proposal_areas
+from wsseg.tasks.wsss.superpixels import adjacency, areas, superpixels
 
 SAMPLE = Path(__file__).resolve().parents[1] / "flows" / "sample" / "msrc21" / "images"
 

@@ -12,13 +12,13 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from tasks.labels.review import image_iou, image_signals, ranks, scores, spearman
+from wsseg.tasks.labels.review import image_iou, image_signals, ranks, scores, spearman
 
 ROOT = Path(__file__).resolve().parents[1]
 
 
 def _review(*argv):
-    return subprocess.run([sys.executable, "-m", "flows.cli", "review", *argv], cwd=ROOT, capture_output=True,
+    return subprocess.run([sys.executable, "-m", "wsseg", "review", *argv], cwd=ROOT, capture_output=True,
                           text=True, timeout=300)
 
 
@@ -57,7 +57,7 @@ def test_ranks_scores_and_spearman():
 
 @pytest.mark.command("review")
 def test_review_lists_every_image_of_the_round_worst_first(tmp_path, tiny_run):
-    from tasks.store import Store
+    from wsseg.tasks.store import Store
 
     store = Store(tiny_run)
     final = store.read_summary()["final_round"]
@@ -80,7 +80,7 @@ def test_review_lists_every_image_of_the_round_worst_first(tmp_path, tiny_run):
     assert out["rows"][-1]["image_id"] not in res.stdout or len(train) <= 2
 
     # `wsseg export --review N`: the top N of the queue, nothing else
-    res = subprocess.run([sys.executable, "-m", "flows.cli", "export", "--run-dir", str(tiny_run), "--review", "2",
+    res = subprocess.run([sys.executable, "-m", "wsseg", "export", "--run-dir", str(tiny_run), "--review", "2",
                           "--no-images", "--out", str(tmp_path / "top2")], cwd=ROOT, capture_output=True, text=True,
                          timeout=300)
     assert res.returncode == 0, res.stderr

@@ -5,7 +5,7 @@ import math
 import pytest
 import torch
 
-from models.roi_align import RoIAlign, roi_align
+from wsseg.models.roi_align import RoIAlign, roi_align
 
 
 def _bilinear(fmap, y, x):

@@ -5,8 +5,8 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from tasks.config import WSSSConfig
-from tasks.wsss.pipeline import label_prior, mix_prior, round0_prior
+from wsseg.tasks.config import WSSSConfig
+from wsseg.tasks.wsss.pipeline import label_prior, mix_prior, round0_prior
 
 
 def test_label_prior_gives_each_pixel_its_label_half_and_the_tags_the_rest():
@@ -36,7 +36,7 @@ def test_an_unsure_model_keeps_round_0s_label_and_a_sure_one_overrides_it():
 
 
 def test_the_default_prior_is_round_0s_labels_and_a_missing_one_names_the_image(tmp_path):
-    from tasks.store import ClassSpec, ImageRecord, Store
+    from wsseg.tasks.store import ClassSpec, ImageRecord, Store
 
     assert WSSSConfig().prior_source == "labels"
     store = Store(tmp_path / "run")
@@ -51,7 +51,7 @@ def test_the_default_prior_is_round_0s_labels_and_a_missing_one_names_the_image(
 
 
 def test_the_ablation_puts_the_cam_prior_back():
-    from tasks.bench.ablation import ablation_variants, apply_overrides
+    from wsseg.tasks.bench.ablation import ablation_variants, apply_overrides
 
     v = ablation_variants(WSSSConfig())["round_prior_cam"]
     assert v["overrides"] == {"prior_source": "cam"} and v["from_round"] == 1

@@ -10,10 +10,10 @@ from pathlib import Path
 
 import pytest
 
-from tasks.store import RunLock, RunLockedError
+from wsseg.tasks.store import RunLock, RunLockedError
 
 ROOT = Path(__file__).resolve().parents[1]
-HOLD = ("import sys, time; sys.path.insert(0, {root!r}); from tasks.store import RunLock; "
+HOLD = ("import sys, time; sys.path.insert(0, {root!r}); from wsseg.tasks.store import RunLock; "
         "l = RunLock({run!r}, 'wsseg train'); l.acquire(); print('held', flush=True); time.sleep(60)")
 
 
@@ -53,7 +53,7 @@ def test_cli_refuses_a_second_writer_at_once(tmp_path):
     p = _holder(run)
     try:
         t0 = time.perf_counter()
-        out = subprocess.run([sys.executable, "-m", "flows.cli", "ingest", str(src), "--run-dir", str(run)],
+        out = subprocess.run([sys.executable, "-m", "wsseg", "ingest", str(src), "--run-dir", str(run)],
                              cwd=ROOT, capture_output=True, text=True, timeout=120)
         assert out.returncode == 2, out.stderr
         lines = [line for line in out.stderr.splitlines() if line.startswith("wsseg: error")]
@@ -74,7 +74,7 @@ def test_cli_refuses_a_second_writer_at_once(tmp_path):
 ])
 def test_input_mistakes_are_one_line_and_leave_nothing(tmp_path, argv, message):
     argv = [a.format(tmp=tmp_path) for a in argv]
-    out = subprocess.run([sys.executable, "-m", "flows.cli", *argv], cwd=ROOT, capture_output=True, text=True,
+    out = subprocess.run([sys.executable, "-m", "wsseg", *argv], cwd=ROOT, capture_output=True, text=True,
                          timeout=120)
     assert out.returncode == 2
     lines = out.stderr.strip().splitlines()
@@ -95,7 +95,7 @@ def test_bench_highres_refuses_a_folder_another_command_writes(tmp_path):
     folder = tmp_path / "bench"
     p = _holder(folder)
     try:
-        out = subprocess.run([sys.executable, "-m", "flows.cli", "bench", "highres", "--data", str(tmp_path / "hrf"),
+        out = subprocess.run([sys.executable, "-m", "wsseg", "bench", "highres", "--data", str(tmp_path / "hrf"),
                               "--train-n", "3", "--eval-n", "1", "--patch-size", "16", "--steps", "2",
                               "--no-memory-probe", "--out", str(folder / "highres.json")],
                              cwd=ROOT, capture_output=True, text=True, timeout=300)
@@ -114,7 +114,7 @@ def test_bench_train_refuses_a_run_directory_another_command_writes(tmp_path):
     run = tmp_path / "run"
     p = _holder(run)
     try:
-        out = subprocess.run([sys.executable, "-m", "flows.cli", "bench", "train", "--network", "small", "--steps", "2",
+        out = subprocess.run([sys.executable, "-m", "wsseg", "bench", "train", "--network", "small", "--steps", "2",
                               "--out", str(tmp_path / "train.json"), "--run-dir", str(run)],
                              cwd=ROOT, capture_output=True, text=True, timeout=300)
         assert out.returncode == 2, out.stderr

@@ -17,7 +17,7 @@ def _listening(proc: psutil.Process) -> set[str]:
 def test_local_cluster_and_dashboard_listen_on_loopback_only(tmp_path, prefect_harness):
     from distributed import Client
 
-    from flows.runtime import dask_cluster
+    from wsseg.flows.runtime import dask_cluster
 
     with dask_cluster(None, 1, tmp_path) as address:
         with Client(address) as client:

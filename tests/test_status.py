@@ -10,8 +10,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from tasks.report.status import format_status, run_status
-from tasks.store import ClassSpec, ImageRecord, Store
+from wsseg.tasks.report.status import format_status, run_status
+from wsseg.tasks.store import ClassSpec, ImageRecord, Store
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -56,7 +56,7 @@ def test_status_of_a_run_in_progress(tmp_path):
 @pytest.mark.command("status")
 def test_status_command_json(tmp_path):
     store = _store(tmp_path)
-    out = subprocess.run([sys.executable, "-m", "flows.cli", "status", str(store.root), "--json"], cwd=ROOT,
+    out = subprocess.run([sys.executable, "-m", "wsseg", "status", str(store.root), "--json"], cwd=ROOT,
                          capture_output=True, text=True, timeout=120)
     assert out.returncode == 0, out.stderr
     st = json.loads(out.stdout)

@@ -5,7 +5,7 @@ import numpy as np
 import pytest
 import scipy.sparse as sp
 
-from tasks.store import ClassSpec, ImageRecord, Store, arrays_to_sparse, packs, params_key, sparse_to_arrays
+from wsseg.tasks.store import ClassSpec, ImageRecord, Store, arrays_to_sparse, packs, params_key, sparse_to_arrays
 
 
 def _rec(iid, tags=("grass",), split="train"):
@@ -37,7 +37,7 @@ def test_image_and_mask_round_trip(tmp_path):
 
 def _legacy_write(store, group, name, arr, complete=True):
     """A per-image array as a wsseg before the packs wrote it (an older run directory)."""
-    from tasks.store import chunked
+    from wsseg.tasks.store import chunked
 
     (group / "zarr.json").parent.mkdir(parents=True, exist_ok=True)
     (group / "zarr.json").write_text(json.dumps({"zarr_format": 3, "node_type": "group", "attributes": {}}))
@@ -133,7 +133,7 @@ def test_store_over_fsspec_reads_back_what_it_wrote(tmp_path, monkeypatch):
 
     import torch
 
-    from models import build_model
+    from wsseg.models import build_model
 
     monkeypatch.setenv("WSSEG_STATE_HOME", str(tmp_path / "home"))
     monkeypatch.delenv("WSSEG_STATE_DIR", raising=False)
@@ -179,7 +179,7 @@ def test_store_over_fsspec_reads_back_what_it_wrote(tmp_path, monkeypatch):
 
 def test_local_run_dirs_keep_their_layout(tmp_path):
     """A local path and a file:// URL are the same local run directory, its own state folder."""
-    from tasks.store.remote import is_remote_url, parse_storage_options
+    from wsseg.tasks.store.remote import is_remote_url, parse_storage_options
 
     a, b = Store(tmp_path / "run"), Store(f"file://{tmp_path}/run")
     assert not a.remote and a.root == b.root == tmp_path / "run" and a.state_dir == a.root
@@ -200,7 +200,7 @@ def test_direct_chunks_are_zarr_arrays_both_ways(tmp_path, dtype):
     including an all-fill array whose chunk zarr never writes."""
     import zarr
 
-    from tasks.store import chunked
+    from wsseg.tasks.store import chunked
 
     rng = np.random.default_rng(3)
     for shape in ((7,), (5, 6), (4, 5, 3)):
@@ -226,7 +226,7 @@ def test_replaced_array_reads_missing_until_whole(tmp_path):
     """Replacing a per-image array removes its metadata before its chunk is rewritten: a writer
     stopped between the two leaves an array that reads as absent, never old metadata over a new
     chunk (the corpus's arrays, and an older run directory's labels)."""
-    from tasks.store import chunked
+    from wsseg.tasks.store import chunked
 
     store = Store(tmp_path)
     _legacy_write(store, store.round_dir(0) / "pseudo.zarr", "a", np.ones((3, 3), np.uint8))

@@ -17,7 +17,7 @@ import pytest
 from conftest import KILL_IDS, TINY, command_threads, copy_sample, harness_cluster
 
 ROOT = Path(__file__).resolve().parents[1]
-WSSEG = [sys.executable, "-m", "flows.cli"]
+WSSEG = [sys.executable, "-m", "wsseg"]
 IDS = KILL_IDS
 CREDENTIALS = {"AWS_ACCESS_KEY_ID": "testing", "AWS_SECRET_ACCESS_KEY": "testing", "AWS_DEFAULT_REGION": "us-east-1"}
 
@@ -82,10 +82,10 @@ def test_ingest_and_a_round_on_s3_match_a_local_run(tmp_path, s3, s3_cluster, ti
     import fsspec
     import torch
 
-    from flows.runtime import on_cluster
-    from flows.wsss import ingest, train_wsss
-    from tasks.config import WSSSConfig
-    from tasks.store import Store
+    from wsseg.flows.runtime import on_cluster
+    from wsseg.flows.wsss import ingest, train_wsss
+    from wsseg.tasks.config import WSSSConfig
+    from wsseg.tasks.store import Store
 
     cluster = s3_cluster
     monkeypatch.setenv("WSSEG_STATE_DIR", str(tmp_path / "state"))
@@ -137,8 +137,8 @@ def test_ingest_and_a_round_on_s3_match_a_local_run(tmp_path, s3, s3_cluster, ti
     for (ka, va), (kb, vb) in zip(net_a.state_dict().items(), net_b.state_dict().items()):
         assert ka == kb and np.array_equal(va.numpy(), vb.numpy()), ka
     # `wsseg evaluate` and `wsseg segment --model URL` read the run from the object store
-    from flows.wsss import evaluate
-    from tasks.highres import segment as sg
+    from wsseg.flows.wsss import evaluate
+    from wsseg.tasks.highres import segment as sg
 
     ev = {w: on_cluster(evaluate, cluster)(w, 0, "train", "pseudo") for w in (str(local_dir), "s3://bucket/run")}
     assert ev[str(local_dir)]["miou"] == ev["s3://bucket/run"]["miou"] == a["pseudo_label_miou"]
@@ -175,7 +175,7 @@ def test_cli_ingest_status_and_lock_on_s3(tmp_path, s3):
     assert st["corpus"]["images"] == 2 and st["run_dir"] == "s3://bucket/cli"
     assert st["state_dir"] == str(state.resolve()) and st["writer"] is None and st["size_mb"] >= 0
     # the lock object is gone after the command; while a writer holds it, a second one is refused
-    from tasks.store import RunLockedError, Store
+    from wsseg.tasks.store import RunLockedError, Store
 
     store = Store("s3://bucket/cli")
     assert not (store.root / ".wsseg.lock").exists()
@@ -183,7 +183,7 @@ def test_cli_ingest_status_and_lock_on_s3(tmp_path, s3):
     with store.lock("wsseg train"):
         held = json.loads((store.root / ".wsseg.lock").read_text())
         assert held["pid"] == os.getpid() and held["command"] == "wsseg train"
-        from tasks.store.lock import RunLock
+        from wsseg.tasks.store.lock import RunLock
 
         with pytest.raises(RunLockedError, match=r"s3://bucket/cli: in use by pid \d+ .*delete s3://bucket/cli/"
                                                   r"\.wsseg\.lock"):
@@ -198,8 +198,8 @@ def test_cli_ingest_status_and_lock_on_s3(tmp_path, s3):
 
 def test_refusals_are_one_line_and_write_nothing(tmp_path, s3):
     # a scheme whose filesystem package is not installed (gcsfs is not a dependency)
-    from tasks.store import Store
-    from tasks.store.remote import RemoteStoreError
+    from wsseg.tasks.store import Store
+    from wsseg.tasks.store.remote import RemoteStoreError
 
     with pytest.raises(RemoteStoreError, match=r"^gs://b/run: the run directory's scheme gs needs the package "
                                                r"gcsfs \(pip install gcsfs\)$"):

@@ -7,14 +7,14 @@ import numpy as np
 import pytest
 import torch
 
-from tasks.config import FeatureConfig, MILConfig, ProposalConfig
-from tasks.store import ClassSpec, ImageRecord, Store, sha256_file
-from tasks.store.files import read_image, read_mask
-from tasks.wsss import mil
-from tasks.wsss import proposal_classifier as pc
-from tasks.wsss import superpixels as spx
-from tasks.wsss.feature_cache import compute_features, feature_key, load_features, proposal_inputs
-from tasks.wsss.streaming import RowBudget, RowBuffer, split_images
+from wsseg.tasks.config import FeatureConfig, MILConfig, ProposalConfig
+from wsseg.tasks.store import ClassSpec, ImageRecord, Store, sha256_file
+from wsseg.tasks.store.files import read_image, read_mask
+from wsseg.tasks.wsss import mil
+from wsseg.tasks.wsss import proposal_classifier as pc
+from wsseg.tasks.wsss import superpixels as spx
+from wsseg.tasks.wsss.feature_cache import compute_features, feature_key, load_features, proposal_inputs
+from wsseg.tasks.wsss.streaming import RowBudget, RowBuffer, split_images
 
 from conftest import SAMPLE
 

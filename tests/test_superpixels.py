@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 from skimage.measure import label as cc_label
 
-from tasks.wsss.superpixels import (METHODS, adjacency, areas, counts_per_label, paint, pool,
+from wsseg.tasks.wsss.superpixels import (METHODS, adjacency, areas, counts_per_label, paint, pool,
                                     superpixels)
 
 SAMPLE = Path(__file__).resolve().parents[1] / "flows" / "sample" / "msrc21" / "images"

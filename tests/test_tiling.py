@@ -4,7 +4,7 @@ import numpy as np
 import pytest
 import torch
 
-from models.tiling import RowStitcher, Stitcher, extract_patches, patch_grid, stitch
+from wsseg.models.tiling import RowStitcher, Stitcher, extract_patches, patch_grid, stitch
 
 SIZES = [(64, 64), (64, 96), (70, 101), (33, 129), (20, 50), (5, 7)]
 

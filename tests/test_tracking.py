@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import mlflow
 
-from tasks.runtime import tracking
+from wsseg.tasks.runtime import tracking
 
 
 def test_unreachable_tracking_server_warns_once_and_the_work_goes_on(tmp_path, monkeypatch, capsys):

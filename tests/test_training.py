@@ -7,10 +7,10 @@ import numpy as np
 import pytest
 import torch
 
-import models
-from tasks.common import training as tr
-from tasks.corpus.ingest import load_image, load_mask
-from tasks.store import StateFile, Store, load_model, save_model
+from wsseg import models
+from wsseg.tasks.common import training as tr
+from wsseg.tasks.corpus.ingest import load_image, load_mask
+from wsseg.tasks.store import StateFile, Store, load_model, save_model
 
 SAMPLE = Path(__file__).resolve().parents[1] / "flows" / "sample" / "msrc21"
 IDS = ["1_1_s", "3_7_s", "5_26_s", "13_2_s"]  # four classes' worth of real photos and masks
@@ -255,7 +255,7 @@ def test_checkpoint_round_trip_gives_identical_outputs(tmp_path, name, options):
 
 
 def test_segmenter_encoder_starts_from_the_image_classifier():
-    from models.small import image_classifier, load_encoder_from, small_segnet
+    from wsseg.models.small import image_classifier, load_encoder_from, small_segnet
 
     torch.manual_seed(2)
     clf = image_classifier(N_CLASSES, 3, width=8, stride=8)
@@ -283,7 +283,7 @@ def test_segmenter_encoder_starts_from_the_image_classifier():
 
 
 def test_centred_class_maps_ignore_offsets_and_untagged_classes():
-    from tasks.wsss.pipeline import cam_to_prob_centered
+    from wsseg.tasks.wsss.pipeline import cam_to_prob_centered
 
     yy, xx = np.mgrid[0:10, 0:20]
     maps = np.stack([(xx < 10) * 2.0, (xx >= 10) * 2.0, np.full((10, 20), 50.0)]).astype(np.float32)
@@ -302,7 +302,7 @@ def test_full_centring_hands_a_large_class_s_pixels_to_a_small_class_s_halo_and_
     1.2 over the large class's last 4 columns: context its classifier learnt). Subtracting each whole
     image mean (1.6 and 0.64) gives the halo to the small class (0.4 < 0.56); half of it keeps the
     halo the large class's (1.2 > 0.88); none is the plain softmax of the maps."""
-    from tasks.wsss.pipeline import cam_to_prob_centered
+    from wsseg.tasks.wsss.pipeline import cam_to_prob_centered
 
     yy, xx = np.mgrid[0:10, 0:20]
     large = (xx < 16) * 2.0
@@ -344,7 +344,7 @@ def test_tag_count_background_rule_raises_the_background_score_with_the_object_t
     object; under ``tag_count`` the score is 0.36 with one tag, 0.6 with two, 0.36 ** (1/3) ~ 0.71
     with three, so the background pixel stays background at 2 and 3 tags while each peak still
     goes to its class; one tag gives the same probabilities under both rules."""
-    from tasks.wsss.pipeline import background_score, cam_to_prob
+    from wsseg.tasks.wsss.pipeline import background_score, cam_to_prob
 
     cams = np.zeros((4, 1, 4), np.float32)
     cams[1:, 0, 3] = 0.5                              # pixel 3: background, every map at 0.5
@@ -365,7 +365,7 @@ def test_tag_count_background_rule_raises_the_background_score_with_the_object_t
 
 
 def test_max_normalize_lets_every_tagged_class_win_where_it_peaks():
-    from tasks.wsss.pipeline import max_normalize
+    from wsseg.tasks.wsss.pipeline import max_normalize
 
     prob = np.zeros((3, 1, 4), np.float32)
     prob[0] = [0.9, 0.9, 0.8, 0.7]
@@ -378,7 +378,7 @@ def test_max_normalize_lets_every_tagged_class_win_where_it_peaks():
 
 
 def test_gate_damps_the_classes_the_image_classifier_rules_out():
-    from tasks.wsss.pipeline import gate_probs
+    from wsseg.tasks.wsss.pipeline import gate_probs
 
     # three pixels, background (0) and two object classes; the segmenter prefers class 1 at pixel 0
     prob = np.array([[0.2, 0.7, 0.1],
@@ -394,7 +394,7 @@ def test_gate_damps_the_classes_the_image_classifier_rules_out():
 
 
 def test_image_class_probs_average_scales_and_flips():
-    from models.small import image_classifier
+    from wsseg.models.small import image_classifier
 
     torch.manual_seed(0)
     model = image_classifier(2, 3, width=8, stride=16)
@@ -419,8 +419,8 @@ def test_the_final_model_leaves_a_band_along_its_pseudo_labels_boundaries_out(tm
     every pixel. Real masks of the sample stand in for a round's pseudo-labels."""
     from scipy import ndimage as ndi
 
-    from tasks.store import ImageRecord
-    from tasks.wsss.segmenter import LabelLoader
+    from wsseg.tasks.store import ImageRecord
+    from wsseg.tasks.wsss.segmenter import LabelLoader
 
     store = Store(tmp_path / "run")
     for iid in IDS:

@@ -35,7 +35,7 @@ TINY = {"classifier": {"epochs": 3, "size": 96, "width": 8, "stride": 16, "batch
         "segmentation": {"epochs": 1, "crop": 96, "batch_size": 4, "num_workers": 0},
         "max_rounds": 1, "shard_size": 8}
 # `wsseg demo` on the small copy: ingest and train in one command (one API server, one cluster)
-DEMO = ("import sys, flows.cli as c, flows.commands as m; m.SAMPLE = __import__('pathlib').Path(sys.argv[1]); "
+DEMO = ("import sys, wsseg.flows.cli as c, wsseg.flows.commands as m; m.SAMPLE = __import__('pathlib').Path(sys.argv[1]); "
         "sys.exit(c.main(['demo', *sys.argv[2:]]))")
 CHROMIUM_ARGS = ["--no-sandbox", "--disable-gpu", "--disable-dev-shm-usage", "--disable-background-networking",
                  "--disable-component-update", "--disable-sync", "--no-first-run"]
@@ -130,7 +130,7 @@ def test_ui_dashboards_in_chromium(chromium, demo_run):
     pport, mport = free_port(), free_port()
     env = {k: v for k, v in os.environ.items() if not k.startswith(("PREFECT_", "MLFLOW_TRACKING"))}
     t0 = time.monotonic()
-    ui = subprocess.Popen([sys.executable, "-m", "flows.cli", "ui", "--run-dir", str(run), "--prefect-port",
+    ui = subprocess.Popen([sys.executable, "-m", "wsseg", "ui", "--run-dir", str(run), "--prefect-port",
                            str(pport), "--mlflow-port", str(mport)], cwd=ROOT, env=env, stdout=subprocess.PIPE,
                           stderr=subprocess.STDOUT, text=True)
     out = Lines(ui)
@@ -236,7 +236,7 @@ def test_evaluate_and_refresh_commands_on_the_demo_run(demo_run):
     env = {k: v for k, v in os.environ.items() if not k.startswith(("PREFECT_", "MLFLOW_TRACKING"))}
     env["OMP_WAIT_POLICY"] = "PASSIVE"
     common = ["--run-dir", str(run), "--workers", "1", "--json"]
-    ev = subprocess.run([sys.executable, "-m", "flows.cli", "evaluate", *common], cwd=ROOT, env=env,
+    ev = subprocess.run([sys.executable, "-m", "wsseg", "evaluate", *common], cwd=ROOT, env=env,
                         capture_output=True, text=True, timeout=300)
     assert ev.returncode == 0, ev.stderr
     res = json.loads(ev.stdout.strip().splitlines()[-1])
@@ -245,7 +245,7 @@ def test_evaluate_and_refresh_commands_on_the_demo_run(demo_run):
     assert (res["round"], res["source"], res["split"]) == (final, "pseudo", "train")
     assert res["miou"] == pytest.approx(recorded["pseudo_label_miou"], abs=1e-9)
     assert set(res["per_class_iou"]) and all(v is None or 0.0 <= v <= 1.0 for v in res["per_class_iou"].values())
-    rf = subprocess.run([sys.executable, "-m", "flows.cli", "refresh", *common], cwd=ROOT, env=env,
+    rf = subprocess.run([sys.executable, "-m", "wsseg", "refresh", *common], cwd=ROOT, env=env,
                         capture_output=True, text=True, timeout=300)
     assert rf.returncode == 0, rf.stderr
     s = json.loads(rf.stdout.strip().splitlines()[-1])

@@ -76,7 +76,7 @@ def main(argv=None) -> int:
                 fs.pipe_file(f"bench/small/x{i}", b"1")
             res["list_1000_ms"] = timed(lambda i: fs.ls("bench/small", detail=True, refresh=True), 10)
 
-            from tasks.store import Store, packs
+            from wsseg.tasks.store import Store, packs
 
             store = Store("s3://bench/run")
             labels = [np.random.default_rng(i).integers(0, 21, (213, 320)).astype(np.uint8) for i in range(64)]

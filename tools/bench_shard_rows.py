@@ -26,9 +26,9 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 _MEASURE = r"""
 import json, pickle, sys, time
 sys.path.insert(0, sys.argv[1])
-from tasks.store import Store, records_by_id
-from tasks.runtime.memory import rss_mb
-import tasks.store.run  # everything imported before the baseline
+from wsseg.tasks.store import Store, records_by_id
+from wsseg.tasks.runtime.memory import rss_mb
+import wsseg.tasks.store.run  # everything imported before the baseline
 mode, run, shard = sys.argv[2], sys.argv[3], int(sys.argv[4])
 store = Store(run)
 ids = [f"img{i:08d}" for i in range(shard)]
@@ -44,7 +44,7 @@ print(json.dumps({"seconds": seconds, "peak_added_mb": rss_mb("VmHWM") - base}))
 
 
 def write_manifest(root: Path, n: int) -> None:
-    from tasks.store import ClassSpec, ImageRecord, Store
+    from wsseg.tasks.store import ClassSpec, ImageRecord, Store
 
     classes = ClassSpec(tuple(f"class{c:02d}" for c in range(20)), None)
     recs = [ImageRecord(image_id=f"img{i:08d}", height=480, width=640,
@@ -69,7 +69,7 @@ def main(argv=None) -> int:
     a = ap.parse_args(argv)
     import pickle
 
-    from tasks.store import Store
+    from wsseg.tasks.store import Store
 
     rows = []
     with tempfile.TemporaryDirectory() as tmp:

@@ -29,10 +29,10 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from tasks.config import WSSSConfig  # noqa: E402
-from tasks.corpus.resume import round_inputs  # noqa: E402
-from tasks.store import ImageRecord, Store, chunked  # noqa: E402
-from tasks.wsss.feature_cache import FEATURE_STAGE  # noqa: E402
+from wsseg.tasks.config import WSSSConfig  # noqa: E402
+from wsseg.tasks.corpus.resume import round_inputs  # noqa: E402
+from wsseg.tasks.store import ImageRecord, Store, chunked  # noqa: E402
+from wsseg.tasks.wsss.feature_cache import FEATURE_STAGE  # noqa: E402
 
 
 def _group(path: Path) -> None:
@@ -107,10 +107,10 @@ def write_run(root: Path, layout: str, items: list, key: str, classes, n: int, s
 
 READER = r"""
 import json, random, sys, time
-from tasks.store import Store
-from tasks.wsss.feature_cache import FEATURE_STAGE
+from wsseg.tasks.store import Store
+from wsseg.tasks.wsss.feature_cache import FEATURE_STAGE
 root, key, k, n_classes = sys.argv[1], sys.argv[2], int(sys.argv[3]), int(sys.argv[4])
-from tasks.report.status import run_status
+from wsseg.tasks.report.status import run_status
 t = time.perf_counter(); run_status(Store(root)); status_s = time.perf_counter() - t
 store = Store(root)
 t = time.perf_counter(); recs = store.manifest(); manifest_s = time.perf_counter() - t
@@ -135,7 +135,7 @@ def measure(root: Path, key: str, reads: int, n_classes: int) -> dict:
     list_s = time.perf_counter() - t
     env = dict(os.environ, PYTHONPATH=str(Path(__file__).resolve().parents[1]))
     t = time.perf_counter()
-    subprocess.run([sys.executable, "-m", "flows.cli", "status", str(root), "--json"], check=True,
+    subprocess.run([sys.executable, "-m", "wsseg", "status", str(root), "--json"], check=True,
                    stdout=subprocess.DEVNULL, env=env)
     status_s = time.perf_counter() - t
     got = subprocess.run([sys.executable, "-c", READER, str(root), key, str(reads), str(n_classes)], check=True,

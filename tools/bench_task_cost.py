@@ -38,14 +38,14 @@ def main() -> None:
     ap.add_argument("--tasks", type=int, default=200, help="tasks in the large batch (default 200; 40 is enough on a busy machine)")
     ap.add_argument("--workers", type=int, default=2, help="Dask worker processes (default 2)")
     args = ap.parse_args()
-    from flows.runtime import prepare
+    from wsseg.flows.runtime import prepare
 
     run = prepare(args.run_dir)
     n = args.tasks
     from prefect import flow, task
 
-    from flows.runtime import dask_cluster, on_cluster
-    from flows.wsss import SHARD_TASK, run_shards
+    from wsseg.flows.runtime import dask_cluster, on_cluster
+    from wsseg.flows.wsss import SHARD_TASK, run_shards
 
     @task(name="noop-shard", **SHARD_TASK)
     def noop_shard(ids: list[str], run_dir: str) -> dict:

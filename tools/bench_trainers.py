@@ -26,9 +26,9 @@ TRAINERS = ("classifier", "mil", "proposal_classifier", "segmenter")
 
 CHILD = r"""
 import json, resource, sys, time, cProfile
-from tasks.config import WSSSConfig
-from tasks.store import Store
-from tasks.wsss.feature_cache import feature_key
+from wsseg.tasks.config import WSSSConfig
+from wsseg.tasks.store import Store
+from wsseg.tasks.wsss.feature_cache import feature_key
 src, scratch, which, prof = sys.argv[1], sys.argv[2], sys.argv[3], sys.argv[4]
 main = Store(src)
 config = WSSSConfig.model_validate(main.read_config())
@@ -46,18 +46,18 @@ key = feature_key(config.features)
 before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
 def run():
     if which == "classifier":
-        from tasks.wsss.classifier import train_image_classifier
+        from wsseg.tasks.wsss.classifier import train_image_classifier
         store.checkpoint_path("classifier").unlink()
         train_image_classifier(store, records, config.classifier, seed=config.seed, device=config.device)
     elif which == "mil":
-        from tasks.wsss import mil
+        from wsseg.tasks.wsss import mil
         mil.train_round(store, 0, records, key, config.mil, seed=config.seed)
     elif which == "proposal_classifier":
-        from tasks.wsss import proposal_classifier
+        from wsseg.tasks.wsss import proposal_classifier
         proposal_classifier.train_round(store, 0, records, key, config.proposals,
                                         mil_prior_weight=config.mil.prior_weight, seed=config.seed)
     else:
-        from tasks.wsss.segmenter import train_segmenter
+        from wsseg.tasks.wsss.segmenter import train_segmenter
         train_segmenter(store, records, key, config, r=0, label_round=0)
 t = time.perf_counter()
 if prof:

@@ -28,8 +28,8 @@ def time_stage(run: Path, scratch: int, shards: list[list[str]], key: str, cfg, 
     import dask
     from distributed import Client, LocalCluster
 
-    from tasks.store import Store
-    from tasks.wsss import pipeline as pl
+    from wsseg.tasks.store import Store
+    from wsseg.tasks.wsss import pipeline as pl
 
     def sys_seconds() -> float:
         import resource
@@ -63,11 +63,11 @@ def main(argv: list[str] | None = None) -> int:
     import dask
     import distributed  # noqa: F401  (loads the distributed.* defaults into dask.config)
 
-    from flows.runtime import worker_environ
-    from tasks.store import Store
+    from wsseg.flows.runtime import worker_environ
+    from wsseg.tasks.store import Store
 
-    from tasks.config import WSSSConfig
-    from tasks.wsss.feature_cache import feature_key
+    from wsseg.tasks.config import WSSSConfig
+    from wsseg.tasks.wsss.feature_cache import feature_key
 
     run = Path(args.run_dir).resolve()
     store = Store(run)

@@ -16,10 +16,10 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 import numpy as np  # noqa: E402
 import torch  # noqa: E402
 
-from tasks.common import training as tr  # noqa: E402
-from tasks.common.metrics import confusion_matrix  # noqa: E402
-from tasks.store import Store  # noqa: E402
-from tasks.wsss.pipeline import cam_to_prob_centered  # noqa: E402
+from wsseg.tasks.common import training as tr  # noqa: E402
+from wsseg.tasks.common.metrics import confusion_matrix  # noqa: E402
+from wsseg.tasks.store import Store  # noqa: E402
+from wsseg.tasks.wsss.pipeline import cam_to_prob_centered  # noqa: E402
 from tools.label_areas import area_table  # noqa: E402
 
 

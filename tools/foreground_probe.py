@@ -35,12 +35,12 @@ import torch.nn.functional as F
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from models import efficientnet_lite as el  # noqa: E402
-from tasks.config import WSSSConfig  # noqa: E402
-from tasks.store import Store  # noqa: E402
-from tasks.store.checkpoints import imagenet_weights  # noqa: E402
-from tasks.wsss import foreground as fg  # noqa: E402
-from tasks.wsss.feature_cache import feature_key, load_features  # noqa: E402
+from wsseg.models import efficientnet_lite as el  # noqa: E402
+from wsseg.tasks.config import WSSSConfig  # noqa: E402
+from wsseg.tasks.store import Store  # noqa: E402
+from wsseg.tasks.store.checkpoints import imagenet_weights  # noqa: E402
+from wsseg.tasks.wsss import foreground as fg  # noqa: E402
+from wsseg.tasks.wsss.feature_cache import feature_key, load_features  # noqa: E402
 
 
 def ddt_direction(feats: list[np.ndarray], areas: list[np.ndarray], borders: list[np.ndarray]):

@@ -53,10 +53,10 @@ import numpy as np  # noqa: E402
 import torch  # noqa: E402
 from PIL import Image  # noqa: E402
 
-from models.small import load_encoder_from  # noqa: E402
-from tasks.common import training as tr  # noqa: E402
-from tasks.common.metrics import ConfusionAccumulator  # noqa: E402
-from tasks.store.checkpoints import build_network  # noqa: E402
+from wsseg.models.small import load_encoder_from  # noqa: E402
+from wsseg.tasks.common import training as tr  # noqa: E402
+from wsseg.tasks.common.metrics import ConfusionAccumulator  # noqa: E402
+from wsseg.tasks.store.checkpoints import build_network  # noqa: E402
 
 SAMPLE = Path(__file__).resolve().parents[1] / "flows" / "sample" / "msrc21"
 

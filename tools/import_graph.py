@@ -47,6 +47,7 @@ def imports_of(name: str, path: Path, known: set[str]) -> set[str]:
         else:
             continue
         for t in targets:
+            t = t.removeprefix("wsseg.")  # installed, the packages live under wsseg (pyproject.toml)
             while t and t not in known:  # a name inside a module: the module
                 t = t.rpartition(".")[0]
             if t and t != name:

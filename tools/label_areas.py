@@ -18,8 +18,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 import numpy as np  # noqa: E402
 
-from tasks.common.metrics import confusion_matrix, iou_from_confusion  # noqa: E402
-from tasks.store import Store  # noqa: E402
+from wsseg.tasks.common.metrics import confusion_matrix, iou_from_confusion  # noqa: E402
+from wsseg.tasks.store import Store  # noqa: E402
 
 
 def area_table(confusion: np.ndarray) -> tuple[np.ndarray, np.ndarray]:

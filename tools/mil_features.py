@@ -20,15 +20,15 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 import numpy as np  # noqa: E402
 
-from tasks.common.metrics import iou_from_confusion  # noqa: E402
-from tasks.config import FeatureConfig, WSSSConfig  # noqa: E402
-from tasks.store import Store  # noqa: E402
-from tasks.wsss import superpixels as spx  # noqa: E402
-from tasks.wsss.deep_features import deep_feature_dim  # noqa: E402
-from tasks.wsss.feature_cache import load_superpixel_features  # noqa: E402
-from tasks.wsss.features import FEATURE_NAMES  # noqa: E402
-from tasks.wsss.mil import hard_targets, refine  # noqa: E402
-from tasks.wsss.proposal_classifier import evidence  # noqa: E402
+from wsseg.tasks.common.metrics import iou_from_confusion  # noqa: E402
+from wsseg.tasks.config import FeatureConfig, WSSSConfig  # noqa: E402
+from wsseg.tasks.store import Store  # noqa: E402
+from wsseg.tasks.wsss import superpixels as spx  # noqa: E402
+from wsseg.tasks.wsss.deep_features import deep_feature_dim  # noqa: E402
+from wsseg.tasks.wsss.feature_cache import load_superpixel_features  # noqa: E402
+from wsseg.tasks.wsss.features import FEATURE_NAMES  # noqa: E402
+from wsseg.tasks.wsss.mil import hard_targets, refine  # noqa: E402
+from wsseg.tasks.wsss.proposal_classifier import evidence  # noqa: E402
 
 #: what a run recorded before ``features.deep_strides`` existed pooled all three
 OLDER_STRIDES = (8, 16, 32)

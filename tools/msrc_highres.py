@@ -51,7 +51,7 @@ def _write_mask(path: Path, mask: np.ndarray, palette: list[int]) -> None:
 
 def build(src: Path, out: Path, factor: int, splits: list[str], quality: int = 95) -> dict:
     """Write the upscaled corpus into ``out``; returns what ``corpus.json`` records."""
-    from tasks.store import files
+    from wsseg.tasks.store import files
 
     if factor < 1:
         raise ValueError(f"--upscale must be >= 1, got {factor}")

@@ -9,7 +9,7 @@ import json, os, shutil, sys
 from pathlib import Path
 import pyarrow.parquet as pq, pyarrow as pa
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-from tasks.store import Store  # noqa: E402
+from wsseg.tasks.store import Store  # noqa: E402
 src, dst, k = Path(sys.argv[1]), Path(sys.argv[2]), int(sys.argv[3])
 shutil.rmtree(dst, ignore_errors=True)
 (dst / "corpus").mkdir(parents=True)

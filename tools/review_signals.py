@@ -14,8 +14,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 import numpy as np  # noqa: E402
 
-from tasks.labels.review import SIGNALS, image_iou, image_signals, scores, spearman  # noqa: E402
-from tasks.store import Store  # noqa: E402
+from wsseg.tasks.labels.review import SIGNALS, image_iou, image_signals, scores, spearman  # noqa: E402
+from wsseg.tasks.store import Store  # noqa: E402
 
 
 def main(argv: list[str]) -> int:

@@ -31,7 +31,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from tasks.config import shard_size_for  # noqa: E402
+from wsseg.tasks.config import shard_size_for  # noqa: E402
 
 STAGES = ("features", "preliminary", "pseudo_labels")
 ROUNDS = 3  # the default round budget

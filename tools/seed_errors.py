@@ -19,12 +19,12 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 import numpy as np  # noqa: E402
 
-from tasks.config import WSSSConfig  # noqa: E402
-from tasks.store import Store  # noqa: E402
-from tasks.wsss import fusion  # noqa: E402
-from tasks.wsss import pipeline as pl  # noqa: E402
-from tasks.wsss.feature_cache import load_features  # noqa: E402
-from tasks.wsss.proposal_classifier import round_mil_model  # noqa: E402
+from wsseg.tasks.config import WSSSConfig  # noqa: E402
+from wsseg.tasks.store import Store  # noqa: E402
+from wsseg.tasks.wsss import fusion  # noqa: E402
+from wsseg.tasks.wsss import pipeline as pl  # noqa: E402
+from wsseg.tasks.wsss.feature_cache import load_features  # noqa: E402
+from wsseg.tasks.wsss.proposal_classifier import round_mil_model  # noqa: E402
 
 
 @contextmanager

@@ -13,7 +13,7 @@ from __future__ import annotations
 import typing
 from typing import Any
 
-from tasks.config import WSSSConfig
+from wsseg.tasks.config import WSSSConfig
 
 __all__ = ["ablation_variants", "apply_overrides", "check_overrides", "choose_variants", "skip_reason",
            "shares_round0", "field_exists", "IOU_FILTER", "CLUSTER_LO", "CLUSTER_HI"]

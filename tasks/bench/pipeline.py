@@ -32,7 +32,7 @@ from typing import Any, Callable, Iterator, Sequence
 import cv2
 import numpy as np
 
-from tasks.runtime.memory import rss_mb
+from wsseg.tasks.runtime.memory import rss_mb
 
 __all__ = ["BENCH_CONFIG", "replica_plan", "copy_params", "augment", "replicate_shard", "write_source_index",
            "read_source_index", "measured_shard", "stage_figures", "plain_loop", "store_listing", "label_hashes",
@@ -221,8 +221,8 @@ def read_source_index(out_dir: str | Path, settings: dict) -> dict | None:
 
 # ---------------------------------------------------------------------------- measured shards
 def _shard_functions() -> dict[str, Callable[..., Any]]:
-    from tasks.wsss import crf
-    from tasks.wsss import pipeline as pl
+    from wsseg.tasks.wsss import crf
+    from wsseg.tasks.wsss import pipeline as pl
 
     return {"features": pl.features_shard, "preliminary": pl.preliminary_shard, "pseudo_labels": pl.pseudo_shard,
             "cam_crf": crf.cam_crf_shard, "replicate": replicate_shard}
@@ -359,16 +359,16 @@ def plain_loop(store, records: Sequence, config, seed: int | None = None) -> dic
     """
     import torch
 
-    from tasks.edges.weighting import feature_region_map
-    from tasks.store import arrays_to_sparse, sparse_to_arrays
-    from tasks.wsss import fusion
-    from tasks.wsss import pipeline as pl
-    from tasks.wsss import superpixels as spx
-    from tasks.wsss.deep_features import deep_superpixel_features
-    from tasks.wsss.feature_cache import ImageFeatures, proposal_inputs
-    from tasks.wsss.features import superpixel_features
-    from tasks.wsss.proposal_classifier import predict_proposals, round_mil_model
-    from tasks.wsss.proposals import hierarchical_proposals
+    from wsseg.tasks.edges.weighting import feature_region_map
+    from wsseg.tasks.store import arrays_to_sparse, sparse_to_arrays
+    from wsseg.tasks.wsss import fusion
+    from wsseg.tasks.wsss import pipeline as pl
+    from wsseg.tasks.wsss import superpixels as spx
+    from wsseg.tasks.wsss.deep_features import deep_superpixel_features
+    from wsseg.tasks.wsss.feature_cache import ImageFeatures, proposal_inputs
+    from wsseg.tasks.wsss.features import superpixel_features
+    from wsseg.tasks.wsss.proposal_classifier import predict_proposals, round_mil_model
+    from wsseg.tasks.wsss.proposals import hierarchical_proposals
 
     import cv2
 
@@ -476,7 +476,7 @@ def store_listing(store, k: int = 50, seed: int = 0, feature_key: str | None = N
     readers = {"image": lambda r: store.image(r.image_id),
                "pseudo_label": lambda r: store.pseudo(0, r.image_id)}
     if feature_key is not None:
-        from tasks.wsss.feature_cache import FEATURE_STAGE
+        from wsseg.tasks.wsss.feature_cache import FEATURE_STAGE
 
         readers["features"] = lambda r: store.cached(FEATURE_STAGE, feature_key, r.sha256)
     for what, read in readers.items():
@@ -484,7 +484,7 @@ def store_listing(store, k: int = 50, seed: int = 0, feature_key: str | None = N
         for r in picks:
             read(r)
         open_ms[what] = 1000.0 * (time.perf_counter() - t) / len(picks) if picks else None
-    from tasks.report.status import run_status
+    from wsseg.tasks.report.status import run_status
 
     t = time.perf_counter()
     run_status(store)

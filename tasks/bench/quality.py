@@ -16,8 +16,8 @@ import time
 from pathlib import Path
 from typing import Any, Iterator
 
-from tasks.config import WSSSConfig
-from tasks.store import ImageRecord, Store
+from wsseg.tasks.config import WSSSConfig
+from wsseg.tasks.store import ImageRecord, Store
 
 __all__ = ["check_inputs", "split_records", "eval_records", "method_rounds", "quality_result", "ratio",
            "seed_summary", "parse_model_spec", "compared_networks", "network_config", "speed_probe_config",
@@ -165,7 +165,7 @@ def parse_model_spec(spec: str) -> tuple[str, dict[str, Any]]:
     >>> parse_model_spec('fusion={"width": 0.25}')
     ('fusion', {'width': 0.25})
     """
-    import models
+    from wsseg import models
 
     name, _, raw = spec.partition("=")
     name = name.strip()

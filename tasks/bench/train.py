@@ -27,7 +27,7 @@ import time
 from pathlib import Path
 from typing import Any, Callable
 
-from tasks.runtime.memory import pss_kb, reset_peak_rss, status_kb
+from wsseg.tasks.runtime.memory import pss_kb, reset_peak_rss, status_kb
 
 __all__ = ["prepare_corpus", "measure_training", "run_bench", "format_summary", "SAMPLE"]
 
@@ -60,11 +60,11 @@ def prepare_corpus(run_dir: str | os.PathLike, source: str | os.PathLike = SAMPL
     ValueError
         When the source has no image with a ground-truth mask (the bench trains on the masks).
     """
-    from tasks.config import FeatureConfig
-    from tasks.corpus import ingest as ing
-    from tasks.store import ImageRecord, Store
-    from tasks.wsss import pipeline as pl
-    from tasks.wsss.feature_cache import compute_features, feature_key
+    from wsseg.tasks.config import FeatureConfig
+    from wsseg.tasks.corpus import ingest as ing
+    from wsseg.tasks.store import ImageRecord, Store
+    from wsseg.tasks.wsss import pipeline as pl
+    from wsseg.tasks.wsss.feature_cache import compute_features, feature_key
 
     say = progress or (lambda s: None)
     store = Store(run_dir)
@@ -130,7 +130,7 @@ def measure_training(model, ds, cfg, *, steps: int, warmup: int = 2,
     import numpy as np
     import torch
 
-    from tasks.common import training as tr
+    from wsseg.tasks.common import training as tr
 
     if steps <= warmup:
         raise ValueError(f"steps ({steps}) must exceed warmup ({warmup}); pass a larger --steps")
@@ -169,7 +169,7 @@ def measure_training(model, ds, cfg, *, steps: int, warmup: int = 2,
 
 # ============================================================================ 3. the bench
 def _build(name: str, num_classes: int, options: dict, size: int):
-    from tasks.store import build_network
+    from wsseg.tasks.store import build_network
 
     opts = dict(options)
     if name == "global_local":
@@ -188,9 +188,9 @@ def run_bench(model: str, out: str | os.PathLike | None = None, *, size: int = 2
     """
     import torch
 
-    from tasks.common import training as tr
-    from tasks.store import Store
-    from tasks.wsss.segmenter import LabelLoader
+    from wsseg.tasks.common import training as tr
+    from wsseg.tasks.store import Store
+    from wsseg.tasks.wsss.segmenter import LabelLoader
 
     if size < 32 or batch < 1 or workers < 0:
         raise ValueError(f"need --size >= 32, --batch >= 1, --workers >= 0; got {size}, {batch}, {workers}")
@@ -245,7 +245,7 @@ def run_bench(model: str, out: str | os.PathLike | None = None, *, size: int = 2
                                                          "data_wait_share", "step_seconds")}
         result["cuda_amp_512"]["max_memory_allocated_mb"] = round(torch.cuda.max_memory_allocated() / 2**20, 1)
     if out is not None:
-        from tasks.store import files
+        from wsseg.tasks.store import files
         files.write_json(out, result, indent=1)
     return result
 

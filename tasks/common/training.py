@@ -178,7 +178,7 @@ def context_sample(rng: np.random.Generator, image: np.ndarray, edge: np.ndarray
         size in channels 1.. (:func:`reduce_fractions`), for a loss on the coarse
         image (:func:`coarse_context_loss`).
     """
-    from models.global_local import coarse_input
+    from wsseg.models.global_local import coarse_input
 
     p = augment.crop
     s = rng.uniform(*augment.scale)
@@ -252,7 +252,7 @@ def coarse_context_loss(class_weights: Sequence[float] | None, weight: float) ->
     the coarse head's prediction of the whole image against its label fractions
     (:func:`soft_cross_entropy`). The network must be a global-local one built with
     ``coarse_head``; ``forward`` stacks its crop and coarse logits."""
-    from models.global_local import indexed_boxes
+    from wsseg.models.global_local import indexed_boxes
     ce = segmentation_loss(class_weights)
 
     def forward(model, x: dict):

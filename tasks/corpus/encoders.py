@@ -4,9 +4,9 @@ configuration (``WSSSConfig.pretrained``), hence of its MLflow parameters and of
 never resumed with another."""
 from __future__ import annotations
 
-from models.efficientnet_lite import VARIANTS, weights_digest
-from tasks.config import WSSSConfig
-from tasks.store.checkpoints import imagenet_variant
+from wsseg.models.efficientnet_lite import VARIANTS, weights_digest
+from wsseg.tasks.config import WSSSConfig
+from wsseg.tasks.store.checkpoints import imagenet_variant
 
 
 def pretrained_encoders(config: WSSSConfig) -> list[str]:

@@ -37,7 +37,7 @@ import cv2
 import numpy as np
 from PIL import Image, ImageColor, ImageOps
 
-from tasks.store import ClassSpec, ImageRecord, Store, valid_id
+from wsseg.tasks.store import ClassSpec, ImageRecord, Store, valid_id
 
 IMAGE_EXTS = (".jpg", ".jpeg", ".png", ".bmp", ".tif", ".tiff")
 VOC_CLASSES = ("background", "aeroplane", "bicycle", "bird", "boat", "bottle", "bus", "car", "cat",
@@ -623,7 +623,7 @@ def corpus_summary(store: Store, results: list[dict], ids: list[str], classes: C
     counts["decoded"] = sum(res.get("decoded", 0) for res in results)
     if before_classes is not None and before_classes != classes:
         counts["classes"] = {"before": list(before_classes.names), "now": list(classes.names)}
-        from tasks.labels.corrections import remap_corrections
+        from wsseg.tasks.labels.corrections import remap_corrections
 
         dropped_corrections += remap_corrections(store, before_classes, classes)
     if dropped_corrections:
@@ -633,7 +633,7 @@ def corpus_summary(store: Store, results: list[dict], ids: list[str], classes: C
         "settings": settings or {}, "changes": counts,
         "changed_images": {k: v for k, v in changes.items() if k != "unchanged"},
         "rejected_images": list(rejected), "notes": notes})
-    from tasks.corpus.tags import contrast_warnings, tag_statistics
+    from wsseg.tasks.corpus.tags import contrast_warnings, tag_statistics
 
     warnings = contrast_warnings(tag_statistics([r.tags for r in recs], classes.names, classes.background))
     return {"images": len(recs), "skipped": skipped, "classes": len(classes.names),

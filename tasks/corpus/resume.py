@@ -21,9 +21,9 @@ from __future__ import annotations
 
 from typing import Sequence
 
-from tasks.config import (DECISION_ONLY, FINAL_MODEL_ONLY, FROM_ROUND_1, MODEL_ONLY, NOT_IN_ROUNDS, WSSSConfig,
+from wsseg.tasks.config import (DECISION_ONLY, FINAL_MODEL_ONLY, FROM_ROUND_1, MODEL_ONLY, NOT_IN_ROUNDS, WSSSConfig,
                           changed_fields, in_effect, with_added_options)
-from tasks.store import ClassSpec, ImageRecord, corpus_hash
+from wsseg.tasks.store import ClassSpec, ImageRecord, corpus_hash
 
 
 def corpus_entry(records: Sequence[ImageRecord]) -> dict:

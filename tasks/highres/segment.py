@@ -19,8 +19,8 @@ from typing import Callable, Sequence
 
 import numpy as np
 
-from tasks.runtime.memory import rss_mb
-from tasks.store import files
+from wsseg.tasks.runtime.memory import rss_mb
+from wsseg.tasks.store import files
 
 __all__ = ["segment", "segment_whole", "upsampled_class_shares", "report", "rss_mb", "LARGE_OUTPUT_PIXELS",
            "SPILL_PIXELS"]
@@ -127,8 +127,8 @@ def segment(inputs: Sequence[str | os.PathLike], model: str | os.PathLike, out_d
     ValueError
         On missing inputs, an unusable ``model``, or bad options.
     """
-    from models.global_local import GlobalLocalNet, IMAGENET_MEAN, IMAGENET_STD, segment_large
-    from tasks.highres.fov import fov_or_all
+    from wsseg.models.global_local import GlobalLocalNet, IMAGENET_MEAN, IMAGENET_STD, segment_large
+    from wsseg.tasks.highres.fov import fov_or_all
 
     paths = [Path(p) for p in inputs]
     missing = [str(p) for p in paths if not p.exists()]
@@ -138,7 +138,7 @@ def segment(inputs: Sequence[str | os.PathLike], model: str | os.PathLike, out_d
         raise ValueError(f"batch must be >= 1, got {batch}")
     if fov not in ("auto", "none"):
         raise ValueError(f"fov must be 'auto' or 'none', got {fov!r}")
-    from tasks.store import load_model
+    from wsseg.tasks.store import load_model
 
     checkpoint = files.resolve_checkpoint(model)
     net, state = load_model(checkpoint, device)
@@ -178,7 +178,7 @@ def segment(inputs: Sequence[str | os.PathLike], model: str | os.PathLike, out_d
                     packed = np.packbits(mask, axis=1)
                 del mask
             if edges is not None:
-                from tasks.edges.weighting import feature_region_map
+                from wsseg.tasks.edges.weighting import feature_region_map
                 region = feature_region_map(work, sigma=edges["sigma"], tau=edges["tau"])
                 work = np.concatenate([work, (region * 255).astype(np.uint8)[..., None]], axis=2)
                 del region
@@ -245,12 +245,12 @@ def segment_whole(paths: Sequence[Path], checkpoint: Path, net, state: dict, out
     (the labels coloured over the image). ``stats`` receives one dict per image (``image``,
     ``size``, ``seconds``, ``gated``, ``class_shares``, ``png``, ``overlay``).
     """
-    from models.lite_nets import LiteClassifier
-    from models.small import ImageClassifier
-    from tasks.common import training as tr
-    from tasks.report.overlay import overlay, with_legend
-    from tasks.store import load_model
-    from tasks.wsss.pipeline import ClassifierGate, trained_classes_only
+    from wsseg.models.lite_nets import LiteClassifier
+    from wsseg.models.small import ImageClassifier
+    from wsseg.tasks.common import training as tr
+    from wsseg.tasks.report.overlay import overlay, with_legend
+    from wsseg.tasks.store import load_model
+    from wsseg.tasks.wsss.pipeline import ClassifierGate, trained_classes_only
 
     if isinstance(net, (ImageClassifier, LiteClassifier)):
         raise ValueError(f"{checkpoint}: a {state.get('builder')!r} model is not a segmentation network; pass a "
@@ -279,7 +279,7 @@ def segment_whole(paths: Sequence[Path], checkpoint: Path, net, state: dict, out
         image = files.read_image(path)  # a ValueError naming the file when it is not a readable image
         edge = None
         if edges is not None:
-            from tasks.edges.weighting import feature_region_map
+            from wsseg.tasks.edges.weighting import feature_region_map
             edge = feature_region_map(image, sigma=edges["sigma"], tau=edges["tau"])
         prob = trained_classes_only(tr.predict_probs(net, image, edge), state)
         if clf is not None:

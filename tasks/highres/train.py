@@ -39,10 +39,10 @@ from typing import Callable, Sequence
 
 import numpy as np
 
-from tasks.common.metrics import iou_from_confusion
-from tasks.common.training import BatchSource, reduce_fractions, soft_cross_entropy  # noqa: F401 (re-exported)
-from tasks.runtime.memory import status_kb
-from tasks.store import build_network, files
+from wsseg.tasks.common.metrics import iou_from_confusion
+from wsseg.tasks.common.training import BatchSource, reduce_fractions, soft_cross_entropy  # noqa: F401 (re-exported)
+from wsseg.tasks.runtime.memory import status_kb
+from wsseg.tasks.store import build_network, files
 
 __all__ = ["reduce_mask", "reduce_fractions", "soft_cross_entropy", "upsample_labels", "load_split", "load_images",
            "dataset_classes", "PatchBatches", "train_highres", "confusion", "vessel_scores", "class_scores", "predict",
@@ -302,7 +302,7 @@ class PatchBatches(BatchSource):
     def __init__(self, images: Sequence[np.ndarray], masks: Sequence[np.ndarray], *, patch_size: int, steps: int,
                  batch: int, seed: int, use_global: bool, balanced: float = 0.0, images_per_batch: int = 2,
                  coarse_size: int | None = None, coarse_targets: bool | str = False, num_classes: int | None = None):
-        from models.global_local import coarse_image
+        from wsseg.models.global_local import coarse_image
         if coarse_targets not in (False, True, "hard", "soft"):
             raise ValueError(f"coarse_targets must be False, 'hard' or 'soft', got {coarse_targets!r}")
         if coarse_targets == "soft" and not num_classes:
@@ -323,8 +323,8 @@ class PatchBatches(BatchSource):
     def batches(self, start_epoch: int, epochs: int):
         import torch
 
-        from models.global_local import normalize
-        from models.tiling import extract_patches
+        from wsseg.models.global_local import normalize
+        from wsseg.models.tiling import extract_patches
 
         rng = np.random.default_rng(self.seed)
         p, c, batch, images, masks, fg, coarse = self.p, self.c, self.batch, self.images, self.masks, self.fg, self.coarse
@@ -394,7 +394,7 @@ def _pack_soft_targets(patch_targets, coarse_fractions):
 def _loss_with_soft_coarse(class_weights, weight: float, n_patches: int, p: int, c: int):
     """Cross-entropy of the patches + ``weight`` x :func:`soft_cross_entropy` of the coarse images
     (targets packed by :func:`_pack_soft_targets`)."""
-    from tasks.common import training as tr
+    from wsseg.tasks.common import training as tr
     ce = tr.segmentation_loss(class_weights)
 
     def loss(out, y):
@@ -410,7 +410,7 @@ def _forward_patches(model, x: dict):
 def _loss_with_coarse(class_weights, weight: float, n_patches: int, p: int, c: int):
     """Cross-entropy of the patches + ``weight`` x that of the coarse images (targets packed by
     :func:`_pack_targets`); the network's output is ``(patch logits, coarse logits)`` packed the same way."""
-    from tasks.common import training as tr
+    from wsseg.tasks.common import training as tr
     ce = tr.segmentation_loss(class_weights)
 
     def loss(out, y):
@@ -484,7 +484,7 @@ def train_highres(images: Sequence[np.ndarray], masks: Sequence[np.ndarray], *, 
     ValueError
         On mismatched inputs or a patch size different from the model's.
     """
-    from tasks.common import training as tr
+    from wsseg.tasks.common import training as tr
 
     if len(images) == 0 or len(images) != len(masks):
         raise ValueError(f"need as many masks as images (> 0), got {len(images)} images, {len(masks)} masks")
@@ -591,7 +591,7 @@ def predict(model, image: np.ndarray, *, mode: str, overlap: int = 0, batch: int
     import torch
     import torch.nn.functional as F
 
-    from models.global_local import coarse_image, normalize, segment_large
+    from wsseg.models.global_local import coarse_image, normalize, segment_large
     if mode == "patches":
         return segment_large(model, image, overlap=overlap, batch=batch, device=device)
     if mode != "downsampled":
@@ -739,7 +739,7 @@ def scores_from_confusion(name: str, conf, classes: Sequence[str]) -> dict:
 def save_bench_model(out_json: str | os.PathLike, model, *, options: dict, scale: float, overlap: int,
                      classes: Sequence[str] = ("background", "vessel")) -> Path:
     """The global-local checkpoint beside the bench JSON (what ``wsseg segment --model`` reads)."""
-    from tasks.store import save_model
+    from wsseg.tasks.store import save_model
     return save_model(files.bench_outputs(out_json)[0], model, builder="global_local", num_classes=len(classes),
                       in_channels=3, options=options,
                       meta={"scale": scale, "overlap": overlap, "classes": list(classes)})
@@ -763,7 +763,7 @@ def run_segment_command(checkpoint: Path, image: Path, out_dir: Path, *, overlap
         env["PREFECT_API_URL"] = api        # the parent's Prefect API: the child starts no server of its own
     # the child runs in the project's folder: relative paths (the README's `--out runs/...`) are made whole first
     image, checkpoint, out_dir = (Path(p).resolve() for p in (image, checkpoint, out_dir))
-    cmd = [sys.executable, "-m", "flows.cli", "segment", str(image), "--model", str(checkpoint), "--out",
+    cmd = [sys.executable, "-m", "wsseg", "segment", str(image), "--model", str(checkpoint), "--out",
            str(out_dir), "--overlap", str(overlap), "--batch", str(batch), "--threads", str(threads)]
     proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env, cwd=str(_ROOT))
     peak = 0

@@ -28,8 +28,8 @@ from typing import Iterator
 
 import numpy as np
 
-from tasks.store import ClassSpec, ImageRecord, Store
-from tasks.store.files import palette
+from wsseg.tasks.store import ClassSpec, ImageRecord, Store
+from wsseg.tasks.store.files import palette
 
 IGNORE = 255
 
@@ -112,7 +112,7 @@ def read_corrections(path: str | os.PathLike, classes: ClassSpec) -> Iterator[Co
                                "JSON export")
     if path.suffix.lower() != ".json":
         raise CorrectionsError(f"{path}: not a folder of PNGs nor a .json file (Label Studio's JSON export)")
-    from tasks.labels.labelstudio import read_export
+    from wsseg.tasks.labels.labelstudio import read_export
 
     for image_id, label, problem in read_export(path, classes.names):
         yield Correction(image_id, label, str(path), problem)

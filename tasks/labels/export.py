@@ -36,10 +36,10 @@ from typing import Callable, Iterator
 
 import numpy as np
 
-from tasks.labels.formats import FORMATS
-from tasks.runtime.progress import Progress
-from tasks.store import ImageRecord, Store, params_key
-from tasks.store.files import palette, write_jpeg, write_palette_png
+from wsseg.tasks.labels.formats import FORMATS
+from wsseg.tasks.runtime.progress import Progress
+from wsseg.tasks.store import ImageRecord, Store, params_key
+from wsseg.tasks.store.files import palette, write_jpeg, write_palette_png
 
 IGNORE = 255
 #: where the VOC layout lies under the export folder (torchvision's ``VOCSegmentation(root)``)
@@ -170,7 +170,7 @@ def _write_coco(store: Store, r: int, records: list[ImageRecord], missing: list[
 
 def _write_labelstudio(store: Store, r: int, records: list[ImageRecord], missing: list[ImageRecord], dest: Path,
                       images: bool, info: dict, advance: Callable[[], None]) -> dict:
-    from tasks.labels.labelstudio import HOW_TO_OPEN, write_tasks
+    from wsseg.tasks.labels.labelstudio import HOW_TO_OPEN, write_tasks
 
     classes = store.classes()
     pal = palette(max(3, classes.n))  # the colours of the png export
@@ -205,7 +205,7 @@ def export_labels(store: Store, out: str | os.PathLike, *, which: str | int = "f
             raise ExportError(f"{out}: holds an earlier export; --force replaces it")
     records, missing = store.manifest(), []
     if review is not None:
-        from tasks.labels.review import review_table
+        from wsseg.tasks.labels.review import review_table
 
         if review < 1:
             raise ExportError(f"--review {review}: give how many of the review queue's top images to export (1 or more)")

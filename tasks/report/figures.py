@@ -12,9 +12,9 @@ from pathlib import Path
 
 import numpy as np
 
-from tasks.common.metrics import confusion_matrix, iou_from_confusion
-from tasks.report.overlay import grid, legend, overlay, write_png
-from tasks.store import ImageRecord, Store
+from wsseg.tasks.common.metrics import confusion_matrix, iou_from_confusion
+from wsseg.tasks.report.overlay import grid, legend, overlay, write_png
+from wsseg.tasks.store import ImageRecord, Store
 
 
 def overlay_grid(store: Store, records: list[ImageRecord], sources: list[tuple[str, int, str]], out: Path) -> Path:

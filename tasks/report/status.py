@@ -1,8 +1,8 @@
 """Where a run directory stands, read from the store alone (``wsseg status``): nothing is started."""
 from __future__ import annotations
 
-from tasks.config import WSSSConfig, shard_size_for
-from tasks.store import Store
+from wsseg.tasks.config import WSSSConfig, shard_size_for
+from wsseg.tasks.store import Store
 
 
 def _live_writer(store: Store) -> dict | None:
@@ -28,10 +28,10 @@ def _refresh_state(store: Store, config: dict, finished: list[int], summary: dic
     finished round was computed (class list, corpus, configuration: `wsseg train` recomputes);
     ``refresh_pending``: images of its split without its pseudo-label (`wsseg refresh` labels
     them), looked up only when the corpus changed since the round."""
-    from tasks.config import WSSSConfig
-    from tasks.corpus.resume import round_inputs, round_view, what_changed
-    from tasks.labels.corrections import corrections_entry
-    from tasks.store import corpus_hash
+    from wsseg.tasks.config import WSSSConfig
+    from wsseg.tasks.corpus.resume import round_inputs, round_view, what_changed
+    from wsseg.tasks.labels.corrections import corrections_entry
+    from wsseg.tasks.store import corpus_hash
 
     out: dict = {"refresh": store.read_json("refresh"), "stale": [], "refresh_pending": None}
     if not finished:

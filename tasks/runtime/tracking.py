@@ -26,7 +26,7 @@ os.environ.setdefault("MLFLOW_HTTP_REQUEST_TIMEOUT", "15")
 
 import mlflow  # noqa: E402
 
-from tasks.store import Store  # noqa: E402
+from wsseg.tasks.store import Store  # noqa: E402
 
 
 def _pins() -> list[str]:
@@ -184,7 +184,7 @@ class Tracker:
     def log_artifact(self, path: Path, folder: str | None = None) -> None:
         if self.failed is None:
             with self._guard(f"artifact {path}"):
-                from tasks.store.remote import local_copy
+                from wsseg.tasks.store.remote import local_copy
 
                 with local_copy(path) as local:  # a file of a run directory on object storage: copied here
                     mlflow.log_artifact(str(local), artifact_path=folder)

@@ -12,11 +12,11 @@ Everything else asks it: ``store.image(id)``, ``store.write_pseudo(round, id, la
   networks built (:func:`build_network`: the ``pretrained`` option read into weights) and
   rebuilt from the registry by name.
 """
-from tasks.store.checkpoints import (CheckpointError, StateFile, build_network, imagenet_weights, load_classifier,
+from wsseg.tasks.store.checkpoints import (CheckpointError, StateFile, build_network, imagenet_weights, load_classifier,
                                      load_model, read_file, save_classifier, save_model)
-from tasks.store.lock import RunLock, RunLockedError
-from tasks.store.remote import RemoteStoreError
-from tasks.store.run import (MANIFEST_SCHEMA, ClassSpec, ImageRecord, Store, arrays_to_sparse, corpus_hash,
+from wsseg.tasks.store.lock import RunLock, RunLockedError
+from wsseg.tasks.store.remote import RemoteStoreError
+from wsseg.tasks.store.run import (MANIFEST_SCHEMA, ClassSpec, ImageRecord, Store, arrays_to_sparse, corpus_hash,
                              params_key, records_by_id, shard_records, sha256_file, sparse_to_arrays,
                              valid_id)
 
@@ -24,4 +24,4 @@ __all__ = ["Store", "RunLock", "RunLockedError", "RemoteStoreError", "ClassSpec"
            "CheckpointError", "load_model", "save_model", "build_network", "imagenet_weights", "load_classifier",
            "save_classifier", "read_file", "MANIFEST_SCHEMA", "arrays_to_sparse", "sparse_to_arrays", "params_key",
            "records_by_id", "shard_records", "sha256_file", "valid_id", "corpus_hash"]
-from tasks.store import files  # noqa: E402,F401  (user files: images, masks, label PNGs, run lookup)
+from wsseg.tasks.store import files  # noqa: E402,F401  (user files: images, masks, label PNGs, run lookup)

@@ -35,8 +35,8 @@ from typing import Any
 import torch
 from torch import Tensor, nn
 
-from models import efficientnet_lite as el
-from models.proposal_mlp import ProposalMLP
+from wsseg.models import efficientnet_lite as el
+from wsseg.models.proposal_mlp import ProposalMLP
 
 __all__ = ["CheckpointError", "read_plain", "read_local", "read_file", "imagenet_weights", "backbone_weights",
            "build_network", "network_options", "check_network_options", "save_model", "load_model",
@@ -50,7 +50,7 @@ LEGACY_BUILDERS = {"models.small:image_classifier": "image_classifier",
 
 def _as_path(path: Any) -> Path:
     """A local path as :class:`pathlib.Path`; a remote UPath (or an fsspec URL) as a UPath."""
-    from tasks.store.remote import is_local, is_remote_url, remote_root
+    from wsseg.tasks.store.remote import is_local, is_remote_url, remote_root
 
     if is_local(path) or hasattr(path, "fs"):
         return path
@@ -187,7 +187,7 @@ def backbone_weights(path: str | os.PathLike) -> dict[str, Tensor]:
     ValueError
         When it holds no state dict (the message names the file).
     """
-    from models.backbones import unwrap_state_dict
+    from wsseg.models.backbones import unwrap_state_dict
 
     path = os.fspath(path)
     if not os.path.isfile(path):
@@ -221,7 +221,7 @@ PRETRAINED = {"lite": True, "lite_classifier": True, "global_local": True, "fusi
 def network_options(name: str) -> tuple[str, ...]:
     """The options a configuration may give network ``name``: its builder's, with ``pretrained``
     in place of ``weights`` (state dicts, which only :func:`build_network` passes)."""
-    import models
+    from wsseg import models
 
     own = tuple(o for o in models.option_names(name) if o != "weights")
     return own + (("pretrained",) if name in PRETRAINED else ())
@@ -231,7 +231,7 @@ def check_network_options(name: str, options: Mapping[str, Any]) -> None:
     """Raise a one-line ``ValueError`` naming the options that network ``name`` does not take
     (:func:`models.check_options` with :func:`network_options`; ``weights`` is refused even where
     the builder passes its options on)."""
-    import models
+    from wsseg import models
 
     models.check_options(name, options, known=network_options(name), refused=("weights",))
 
@@ -256,7 +256,7 @@ def build_network(name: str, num_classes: int, in_channels: int = 4, **options) 
     the file). Raises what the reads raise (:func:`imagenet_weights`: one-line
     ``PretrainedWeightsError``; :func:`backbone_weights`) and ``ValueError`` for an unknown option.
     """
-    import models
+    from wsseg import models
 
     check_network_options(name, options)
     options = dict(options)
@@ -270,7 +270,7 @@ def build_network(name: str, num_classes: int, in_channels: int = 4, **options) 
         if not isinstance(pretrained, Mapping):
             raise ValueError(f"fusion's option pretrained is {{'resnet50': path, 'mobilenet_v2': path}}, "
                              f"not {pretrained!r}")
-        from models.fusion_net import load_encoder_weights
+        from wsseg.models.fusion_net import load_encoder_weights
 
         files = _BackboneFiles(pretrained)  # each file read after the names are checked, named in its errors
         return load_encoder_weights(net, files, sources=files.paths)
@@ -284,12 +284,12 @@ def imagenet_variant(name: str, options: Mapping[str, Any]) -> str | None:
     """The EfficientNet-Lite whose ImageNet weights :func:`build_network` loads into network ``name``
     (a lite network's ``variant``, global_local's lite ``backbone``), or None (``pretrained`` false,
     an hrnet backbone, another network)."""
-    import models
+    from wsseg import models
 
     if name not in ("lite", "lite_classifier", "global_local") or not options.get("pretrained", PRETRAINED[name]):
         return None
     if name == "global_local":
-        from models.global_local import GlobalLocalNet
+        from wsseg.models.global_local import GlobalLocalNet
 
         backbone = options.get("backbone", _default(GlobalLocalNet, "backbone"))
         return backbone if backbone in el.VARIANTS else None
@@ -315,7 +315,7 @@ def save_model(path: str | os.PathLike, model: nn.Module, *, builder: str, num_c
     """A self-describing inference checkpoint: weights plus how to rebuild the network.
 
     ``builder`` is a name of the model registry (:func:`models.available`)."""
-    import models
+    from wsseg import models
 
     if builder not in models.available():
         raise ValueError(f"builder {builder!r} is not a registered model; choose one of: "
@@ -329,7 +329,7 @@ def save_model(path: str | os.PathLike, model: nn.Module, *, builder: str, num_c
 def load_model(path: str | os.PathLike, device: str | torch.device = "cpu") -> tuple[nn.Module, dict]:
     """Rebuild a network saved by :func:`save_model`; returns (model in eval mode, its state dict
     of metadata). The builder comes from the registry by name, never from the file."""
-    import models
+    from wsseg import models
 
     path = _as_path(path)
     state = read_file(path, device)

@@ -22,8 +22,8 @@ from typing import Iterable, Sequence
 
 import numpy as np
 
-from tasks.store.checkpoints import _as_path
-from tasks.store.run import Store, _atomic_write_text
+from wsseg.tasks.store.checkpoints import _as_path
+from wsseg.tasks.store.run import Store, _atomic_write_text
 
 __all__ = ["read_image", "image_size", "read_mask", "write_jpeg", "write_rgb_png", "dataset_ids",
            "dataset_image_path", "dataset_mask_path", "palette", "write_palette_png", "label_array",

@@ -35,8 +35,8 @@ from typing import Iterable
 import numpy as np
 from numcodecs import Zstd
 
-from tasks.store import chunked
-from tasks.store.remote import is_local, listdir
+from wsseg.tasks.store import chunked
+from wsseg.tasks.store.remote import is_local, listdir
 
 __all__ = ["PackWriter", "GroupIndex", "index_of", "drop", "usage", "forget", "INDEX_FILE"]
 

@@ -68,10 +68,10 @@ import pyarrow.parquet as pq
 import scipy.sparse as sp
 import zarr
 
-from tasks.store import chunked, packs
-from tasks.store.checkpoints import (StateFile, load_classifier, load_model, save_classifier,
+from wsseg.tasks.store import chunked, packs
+from wsseg.tasks.store.checkpoints import (StateFile, load_classifier, load_model, save_classifier,
                                      save_model)
-from tasks.store.remote import entries, is_local, is_remote_url, local_copy, remote_root, state_dir_for
+from wsseg.tasks.store.remote import entries, is_local, is_remote_url, local_copy, remote_root, state_dir_for
 
 _ID_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]*$")
 
@@ -177,7 +177,7 @@ class Store:
             self.root = root if hasattr(root, "fs") else remote_root(str(root))
             self.remote = True
         else:
-            from tasks.store.remote import local_path
+            from wsseg.tasks.store.remote import local_path
 
             self.root = local_path(root).resolve()
             self.remote = False
@@ -207,7 +207,7 @@ class Store:
         """Nothing for a local run directory; for a URL one request that its store answers
         (:class:`RemoteStoreError` naming the URL and the problem when it does not)."""
         if self.remote:
-            from tasks.store.remote import probe
+            from wsseg.tasks.store.remote import probe
 
             probe(self.root)
 
@@ -215,7 +215,7 @@ class Store:
         """Whether the run directory holds anything yet."""
         if not self.remote:
             return self.root.exists()
-        from tasks.store.remote import listdir
+        from wsseg.tasks.store.remote import listdir
 
         return bool(listdir(self.root))
 
@@ -404,7 +404,7 @@ class Store:
     def drop_images(self, image_ids: Iterable[str]) -> None:
         """Remove the image and mask arrays of ``image_ids`` (an ingest that refuses undoes its
         writes), and the corpus folders this leaves empty."""
-        from tasks.store.remote import listdir, rmtree
+        from wsseg.tasks.store.remote import listdir, rmtree
 
         image_ids = list(image_ids)
         for group in (self.corpus_dir / "images.zarr", self.corpus_dir / "masks.zarr"):
@@ -466,7 +466,7 @@ class Store:
 
     def commit_staged(self, image_ids: Iterable[str]) -> None:
         """Move the staged image and mask arrays of ``image_ids`` over the stored ones."""
-        from tasks.store.remote import copytree, rmtree
+        from wsseg.tasks.store.remote import copytree, rmtree
 
         for iid in image_ids:
             if not valid_id(iid):
@@ -490,7 +490,7 @@ class Store:
 
     def drop_staged(self) -> None:
         """Remove the staging area (what a refused ingest staged)."""
-        from tasks.store.remote import rmtree
+        from wsseg.tasks.store.remote import rmtree
 
         rmtree(self.corpus_dir / self.STAGING)
 
@@ -563,7 +563,7 @@ class Store:
     def drop_corrections(self, image_ids: Iterable[str]) -> list[str]:
         """Forget the corrections of ``image_ids`` (an image removed or changed: the correction
         was of other pixels); returns the ids that had one."""
-        from tasks.store.remote import rmtree
+        from wsseg.tasks.store.remote import rmtree
 
         index = self.corrections()
         gone = [i for i in image_ids if i in index]
@@ -656,7 +656,7 @@ class Store:
         """Checkpoint ``kind``'s plain content when it exists and reads back, else None. A damaged
         one (cut short, say) is named on the terminal and moved aside (``*.damaged``), so that its
         maker recomputes it."""
-        from tasks.store.checkpoints import CheckpointError, read_file
+        from wsseg.tasks.store.checkpoints import CheckpointError, read_file
 
         path = self.checkpoint_path(kind, r, name=name)
         if not path.is_file():
@@ -664,7 +664,7 @@ class Store:
         try:
             return read_file(path)
         except CheckpointError as e:
-            from tasks.store.remote import replace
+            from wsseg.tasks.store.remote import replace
 
             replace(path, path.with_name(path.name + ".damaged"))
             print(f"  [store] {e}; moved aside to {path.name}.damaged and computed again", file=sys.stderr, flush=True)
@@ -681,7 +681,7 @@ class Store:
 
     def model_meta(self, kind: str, r: int | None = None, *, name: str | None = None) -> dict:
         """The ``meta`` dict a network was saved with."""
-        from tasks.store.checkpoints import read_file
+        from wsseg.tasks.store.checkpoints import read_file
         return read_file(self.checkpoint_path(kind, r, name=name)).get("meta", {})
 
     def write_classifier(self, kind: str, r: int, model, **extra) -> Path:
@@ -732,7 +732,7 @@ class Store:
     def size_bytes(self) -> int:
         """Bytes on disk of the run directory (links not followed), or of its objects: walks
         every file (see :meth:`usage` for what `wsseg status` reads instead)."""
-        from tasks.store.remote import du
+        from wsseg.tasks.store.remote import du
 
         return du(self.root)
 
@@ -796,7 +796,7 @@ class Store:
     def lock(self, command: str):
         """The run directory's writer lock (:class:`tasks.store.lock.RunLock`), for ``with``: the
         ``flock`` of the state folder, and for a URL a lock object in the run directory too."""
-        from tasks.store.lock import RunLock
+        from wsseg.tasks.store.lock import RunLock
         return RunLock(self.state_dir, command, remote=self.root if self.remote else None)
 
     def finished_rounds(self) -> list[int]:
@@ -807,7 +807,7 @@ class Store:
         """Indices of the rounds that have a folder (finished or not), ascending."""
         if not self.remote:
             return sorted(int(p.name[1:]) for p in (self.root / "rounds").glob("r[0-9][0-9][0-9]"))
-        from tasks.store.remote import listdir
+        from wsseg.tasks.store.remote import listdir
 
         return sorted(int(n[1:]) for n in listdir(self.root / "rounds") if re.fullmatch(r"r[0-9]{3}", n))
 
@@ -871,7 +871,7 @@ class Store:
 
     def _copy_parts(self, other: "Store", pairs: list) -> None:
         """Copy ``(source, destination)`` parts on one object store, those not present yet."""
-        from tasks.store.remote import copytree
+        from wsseg.tasks.store.remote import copytree
 
         if not (self.remote and other.remote and self.root.fs.protocol == other.root.fs.protocol):
             raise ValueError(f"{self.root}: sharing parts with {other.root} needs both run directories local "
@@ -882,7 +882,7 @@ class Store:
 
     def shard_markers(self, r: int, stage: str) -> list[str]:
         """File names of round ``r``'s finished-shard markers of ``stage`` (``<stage>-<shard>.json``)."""
-        from tasks.store.remote import listdir
+        from wsseg.tasks.store.remote import listdir
 
         return sorted(n for n in listdir(self.round_dir(r) / "done") if n.startswith(f"{stage}-") and
                       n.endswith(".json"))
@@ -926,7 +926,7 @@ class Store:
         """Remove the per-image round arrays (preliminary results, pseudo-labels, CAM labels) of
         ``image_ids`` from every round: an image removed from the corpus, or changed, has none.
         Arrays shared from another run directory (links) are left alone."""
-        from tasks.store.remote import listdir, rmtree
+        from wsseg.tasks.store.remote import listdir, rmtree
 
         ids = [i for i in image_ids if valid_id(i)]
         if not ids:
@@ -946,7 +946,7 @@ class Store:
         """Remove round ``first`` and every later one (arrays, markers, checkpoints, summaries)
         and the run's table of rounds; returns the indices removed. Links to another run's
         arrays are removed, not followed."""
-        from tasks.store.remote import rmtree
+        from wsseg.tasks.store.remote import rmtree
 
         gone = [r for r in self.rounds() if r >= first]
         for r in gone:
@@ -1007,7 +1007,7 @@ class Store:
     def review_rows(self, r: int) -> list[dict]:
         """Every review row round ``r``'s shards recorded (empty for a round computed by a wsseg
         without the review queue)."""
-        from tasks.store.remote import listdir
+        from wsseg.tasks.store.remote import listdir
 
         folder = self.round_dir(r) / "review"
         rows: list[dict] = []
@@ -1028,7 +1028,7 @@ class Store:
         try:
             return json.loads(p.read_text())
         except ValueError as e:
-            from tasks.store.remote import replace
+            from wsseg.tasks.store.remote import replace
 
             replace(p, p.with_name(p.name + ".damaged"))
             print(f"  [store] {p}: damaged ({e}); moved aside, round {r} is finished again", file=sys.stderr,

@@ -8,11 +8,11 @@ from typing import Callable
 
 import numpy as np
 
-from tasks.common import training as tr
-from tasks.config import CAM_READING, ClassifierConfig, settings_changed
-from tasks.corpus.resume import what_changed
-from tasks.runtime.progress import Progress
-from tasks.store import ClassSpec, ImageRecord, Store, build_network
+from wsseg.tasks.common import training as tr
+from wsseg.tasks.config import CAM_READING, ClassifierConfig, settings_changed
+from wsseg.tasks.corpus.resume import what_changed
+from wsseg.tasks.runtime.progress import Progress
+from wsseg.tasks.store import ClassSpec, ImageRecord, Store, build_network
 
 
 def object_classes(classes: ClassSpec) -> list[int]:

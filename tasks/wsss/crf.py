@@ -41,7 +41,7 @@ import cv2
 import numpy as np
 import torch
 
-from tasks.store import ImageRecord, Store, shard_records
+from wsseg.tasks.store import ImageRecord, Store, shard_records
 
 __all__ = ["dense_crf", "pydensecrf_available", "crf_labels", "cam_crf_shard", "CRF_DEFAULTS"]
 

@@ -23,9 +23,9 @@ import scipy.sparse as sp
 import torch
 import torch.nn.functional as F
 
-from models.efficientnet_lite import efficientnet_lite, preprocess
-from tasks.config import FeatureConfig
-from tasks.store.checkpoints import imagenet_weights
+from wsseg.models.efficientnet_lite import efficientnet_lite, preprocess
+from wsseg.tasks.config import FeatureConfig
+from wsseg.tasks.store.checkpoints import imagenet_weights
 
 #: the index in ``forward_features`` of each stride that can be pooled
 LEVEL_OF_STRIDE = {8: 2, 16: 3, 32: 4}

@@ -8,14 +8,14 @@ from dataclasses import dataclass
 import numpy as np
 import scipy.sparse as sp
 
-from models.efficientnet_lite import weights_digest
-from tasks.config import FeatureConfig
-from tasks.edges.weighting import feature_region_map
-from tasks.store import ImageRecord, Store, arrays_to_sparse, params_key, sparse_to_arrays
-from tasks.wsss import superpixels as spx
-from tasks.wsss.deep_features import deep_superpixel_features
-from tasks.wsss.features import FEATURE_NAMES, proposal_features, superpixel_features
-from tasks.wsss.proposals import hierarchical_proposals
+from wsseg.models.efficientnet_lite import weights_digest
+from wsseg.tasks.config import FeatureConfig
+from wsseg.tasks.edges.weighting import feature_region_map
+from wsseg.tasks.store import ImageRecord, Store, arrays_to_sparse, params_key, sparse_to_arrays
+from wsseg.tasks.wsss import superpixels as spx
+from wsseg.tasks.wsss.deep_features import deep_superpixel_features
+from wsseg.tasks.wsss.features import FEATURE_NAMES, proposal_features, superpixel_features
+from wsseg.tasks.wsss.proposals import hierarchical_proposals
 
 FEATURE_STAGE = "features"
 #: the superpixel box columns of the hand-made features (the first of the cached columns)

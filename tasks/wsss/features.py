@@ -17,7 +17,7 @@ import cv2
 import numpy as np
 import scipy.sparse as sp
 
-from tasks.wsss.superpixels import check_image_and_labels
+from wsseg.tasks.wsss.superpixels import check_image_and_labels
 
 __all__ = ["FEATURE_NAMES", "PROPOSAL_EXTRA_NAMES", "feature_names", "superpixel_features",
            "proposal_features"]

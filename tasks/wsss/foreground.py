@@ -111,7 +111,7 @@ def boundary_saliency(image: np.ndarray, sp_labels: np.ndarray, *, sigma_colour:
     """
     from scipy.sparse.csgraph import dijkstra
 
-    from tasks.wsss import superpixels as spx
+    from wsseg.tasks.wsss import superpixels as spx
 
     h, w = sp_labels.shape
     n = int(sp_labels.max()) + 1

@@ -20,7 +20,7 @@ import numpy as np
 import scipy.ndimage as ndi
 import scipy.sparse as sp
 
-from tasks.wsss.filtering import filter_proposals, proposal_iou
+from wsseg.tasks.wsss.filtering import filter_proposals, proposal_iou
 
 __all__ = [
     "NEAR_BACKGROUND",

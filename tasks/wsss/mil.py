@@ -21,14 +21,14 @@ from typing import Callable
 
 import numpy as np
 
-from tasks.config import MILConfig
-from tasks.runtime.progress import Progress
-from tasks.store import ImageRecord, Store
-from tasks.wsss import superpixels as spx
-from tasks.wsss.feature_cache import load_superpixel_features
-from tasks.wsss.streaming import RowBudget, RowBuffer, split_images
+from wsseg.tasks.config import MILConfig
+from wsseg.tasks.runtime.progress import Progress
+from wsseg.tasks.store import ImageRecord, Store
+from wsseg.tasks.wsss import superpixels as spx
+from wsseg.tasks.wsss.feature_cache import load_superpixel_features
+from wsseg.tasks.wsss.streaming import RowBudget, RowBuffer, split_images
 
-from tasks.wsss.proposal_classifier import ProposalMLP, evidence, train_proposal_classifier, train_streamed
+from wsseg.tasks.wsss.proposal_classifier import ProposalMLP, evidence, train_proposal_classifier, train_streamed
 
 
 def hard_targets(evidence: np.ndarray, allowed: np.ndarray) -> np.ndarray:

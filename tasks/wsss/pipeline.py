@@ -13,20 +13,20 @@ from typing import Collection, Sequence
 import numpy as np
 import torch
 
-from tasks.common import training as tr
-from tasks.common.metrics import ConfusionAccumulator, changed_share, ignore_share, reverted_share, tag_log_shares
-from tasks.config import ClassifierConfig, FeatureConfig, ForegroundConfig, ProposalConfig, WSSSConfig
-from tasks.corpus.ingest import ALPHA_BACKGROUND, decode_image, load_mask
-from tasks.corpus.tags import tag_statistics
-from tasks.labels.corrections import corrected_prelim
-from tasks.labels.review import image_signals
-from tasks.runtime.progress import run_log
-from tasks.store import ClassSpec, ImageRecord, Store, sha256_file, shard_records
-from tasks.wsss import foreground as fg
-from tasks.wsss import superpixels as spx
-from tasks.wsss.feature_cache import ImageFeatures, compute_features, load_edges, load_features, proposal_inputs
-from tasks.wsss.fusion import pseudo_label
-from tasks.wsss.proposal_classifier import (combine_evidence, predict_proposals, round_mil_model, sp_evidence,
+from wsseg.tasks.common import training as tr
+from wsseg.tasks.common.metrics import ConfusionAccumulator, changed_share, ignore_share, reverted_share, tag_log_shares
+from wsseg.tasks.config import ClassifierConfig, FeatureConfig, ForegroundConfig, ProposalConfig, WSSSConfig
+from wsseg.tasks.corpus.ingest import ALPHA_BACKGROUND, decode_image, load_mask
+from wsseg.tasks.corpus.tags import tag_statistics
+from wsseg.tasks.labels.corrections import corrected_prelim
+from wsseg.tasks.labels.review import image_signals
+from wsseg.tasks.runtime.progress import run_log
+from wsseg.tasks.store import ClassSpec, ImageRecord, Store, sha256_file, shard_records
+from wsseg.tasks.wsss import foreground as fg
+from wsseg.tasks.wsss import superpixels as spx
+from wsseg.tasks.wsss.feature_cache import ImageFeatures, compute_features, load_edges, load_features, proposal_inputs
+from wsseg.tasks.wsss.fusion import pseudo_label
+from wsseg.tasks.wsss.proposal_classifier import (combine_evidence, predict_proposals, round_mil_model, sp_evidence,
                                             superpixel_scores)
 
 def restrict(prob: np.ndarray, allowed: np.ndarray, eps: float = 1e-6) -> np.ndarray:

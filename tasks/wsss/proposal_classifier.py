@@ -14,13 +14,13 @@ import scipy.sparse as sp
 import torch
 import torch.nn.functional as F
 
-from models.proposal_mlp import ProposalMLP
-from tasks.config import ProposalConfig
-from tasks.runtime.progress import Progress
-from tasks.store import ImageRecord, Store
-from tasks.wsss import superpixels as spx
-from tasks.wsss.feature_cache import ImageFeatures, load_features, proposal_inputs
-from tasks.wsss.streaming import RowBudget, RowBuffer, mean_std, split_images
+from wsseg.models.proposal_mlp import ProposalMLP
+from wsseg.tasks.config import ProposalConfig
+from wsseg.tasks.runtime.progress import Progress
+from wsseg.tasks.store import ImageRecord, Store
+from wsseg.tasks.wsss import superpixels as spx
+from wsseg.tasks.wsss.feature_cache import ImageFeatures, load_features, proposal_inputs
+from wsseg.tasks.wsss.streaming import RowBudget, RowBuffer, mean_std, split_images
 
 
 def proposal_targets(membership: sp.csr_matrix, sp_prob: np.ndarray, sp_areas: np.ndarray,

@@ -32,8 +32,8 @@ import heapq
 import numpy as np
 import scipy.sparse as sp
 
-from tasks.wsss.superpixels import areas as _sp_areas
-from tasks.wsss.superpixels import check_image_and_labels
+from wsseg.tasks.wsss.superpixels import areas as _sp_areas
+from wsseg.tasks.wsss.superpixels import check_image_and_labels
 
 __all__ = ["COLOUR_SPACES", "hierarchical_proposals", "proposal_areas"]
 

@@ -14,14 +14,14 @@ from __future__ import annotations
 
 import time
 
-from tasks.config import WSSSConfig, changed_fields
-from tasks.corpus.encoders import with_weight_digests
-from tasks.corpus.resume import classes_entry, round_inputs, round_view
-from tasks.runtime.progress import run_log
-from tasks.store import ImageRecord, Store, shard_records
-from tasks.wsss.feature_cache import compute_features
-from tasks.wsss.pipeline import _worker_setup, foreground_on, prelim_model, preliminary_image, pseudo_image
-from tasks.wsss.proposal_classifier import round_mil_model
+from wsseg.tasks.config import WSSSConfig, changed_fields
+from wsseg.tasks.corpus.encoders import with_weight_digests
+from wsseg.tasks.corpus.resume import classes_entry, round_inputs, round_view
+from wsseg.tasks.runtime.progress import run_log
+from wsseg.tasks.store import ImageRecord, Store, shard_records
+from wsseg.tasks.wsss.feature_cache import compute_features
+from wsseg.tasks.wsss.pipeline import _worker_setup, foreground_on, prelim_model, preliminary_image, pseudo_image
+from wsseg.tasks.wsss.proposal_classifier import round_mil_model
 
 
 def refresh_problem(store: Store, r: int, config: WSSSConfig) -> str | None:

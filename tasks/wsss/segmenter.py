@@ -8,14 +8,14 @@ from typing import Callable
 import numpy as np
 from scipy import ndimage as ndi
 
-from models.small import load_encoder_from
-from tasks.common import training as tr
-from tasks.config import ROUND_SETTINGS, WSSSConfig, recorded_differs
-from tasks.corpus import resume
-from tasks.runtime.progress import Progress
-from tasks.store import ClassSpec, ImageRecord, Store, build_network, params_key
-from tasks.store.checkpoints import initial_weights
-from tasks.wsss.feature_cache import load_edges
+from wsseg.models.small import load_encoder_from
+from wsseg.tasks.common import training as tr
+from wsseg.tasks.config import ROUND_SETTINGS, WSSSConfig, recorded_differs
+from wsseg.tasks.corpus import resume
+from wsseg.tasks.runtime.progress import Progress
+from wsseg.tasks.store import ClassSpec, ImageRecord, Store, build_network, params_key
+from wsseg.tasks.store.checkpoints import initial_weights
+from wsseg.tasks.wsss.feature_cache import load_edges
 
 
 def ignore_boundaries(label: np.ndarray, width: int) -> np.ndarray:

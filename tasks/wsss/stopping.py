@@ -48,7 +48,7 @@ from __future__ import annotations
 
 from dataclasses import asdict, dataclass
 
-from tasks.config import WSSSConfig
+from wsseg.tasks.config import WSSSConfig
 
 __all__ = ["OSCILLATION", "Decision", "decide", "decide_again"]
 

@@ -7,7 +7,7 @@ from typing import Sequence
 
 import numpy as np
 
-from tasks.common.metrics import (chance_iou_from_confusion, class_accuracy_from_confusion, iou_from_confusion,
+from wsseg.tasks.common.metrics import (chance_iou_from_confusion, class_accuracy_from_confusion, iou_from_confusion,
                                   tag_coverage)
 
 #: the columns of the rounds table

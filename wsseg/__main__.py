@@ -1,0 +1,6 @@
+"""``python -m wsseg``: the ``wsseg`` command."""
+import sys
+
+from wsseg.flows.cli import main
+
+sys.exit(main())
