@@ -3,11 +3,15 @@
 ``prepare(run_dir)`` must run before prefect is imported: it points PREFECT_HOME, Dask's
 scratch space and MLflow at the run directory, switches analytics and telemetry off, and keeps
 Prefect's console logging quiet (our own progress lines are the terminal's view) while the flow
-and task runs' INFO records (those progress lines too) reach the Prefect API.
+and task runs' INFO records (those progress lines too) reach the Prefect API. The libraries' own
+log lines (Prefect's, MLflow's "Creating initial MLflow database tables...", alembic's, Dask's,
+urllib3's) reach the terminal only with ``--verbose`` (but for Dask's and MLflow's errors): in this
+process (:func:`quiet_libraries`) and in the worker processes, which inherit the environment it sets.
 """
 from __future__ import annotations
 
 import contextlib
+import logging
 import os
 import sys
 import threading
@@ -25,26 +29,50 @@ def prepare(run_dir: str | os.PathLike, *, verbose: bool = False) -> Path:
         "PREFECT_SERVER_ANALYTICS_ENABLED": "false",
         # Flow and task run loggers pass INFO on, so that the API handler sends each run's log
         # records (our progress lines among them) to Prefect, where the dashboard shows them;
-        # the console handler (overriding logging.yml's handlers.console.level) keeps the
-        # terminal at warnings unless --verbose, so the terminal shows only our own lines.
+        # the console handler (overriding logging.yml's handlers.console.level) keeps them off
+        # the terminal unless --verbose, so the terminal shows only our own lines
         "PREFECT_LOGGING_LEVEL": "INFO",
-        "PREFECT_LOGGING_HANDLERS_CONSOLE_LEVEL": "INFO" if verbose else "WARNING",
+        # (also the console handler of the root logger, where the records of the libraries without a
+        # handler of their own end: alembic's, urllib3's, httpx's). Its errors too: what fails reaches
+        # the terminal as wsseg's own error line, or as the traceback wsseg raises for a bug.
+        "PREFECT_LOGGING_HANDLERS_CONSOLE_LEVEL": "INFO" if verbose else "CRITICAL",
         "PREFECT_SERVER_LOGGING_LEVEL": "WARNING",
         # the commands' own local API servers need no dashboard (`wsseg ui` starts one with it)
         "PREFECT_UI_ENABLED": "false",
         "DASK_TEMPORARY_DIRECTORY": str(run / "dask-scratch"),
         "DASK_DISTRIBUTED__WORKER__DAEMON": "false",
         "MLFLOW_DISABLE_TELEMETRY": "true",
+        # MLflow's own handler (its INFO lines on a new mlflow.db, its warnings when it logs a model)
+        # and alembic's level, which MLflow sets from it; read when mlflow is imported
+        "MLFLOW_LOGGING_LEVEL": "INFO" if verbose else "ERROR",
         "DO_NOT_TRACK": "1",
-        "DASK_LOGGING__DISTRIBUTED": "error",
+        "DASK_LOGGING__DISTRIBUTED": "warning" if verbose else "error",
         # the embedded Prefect API server runs its migrations on first start: give it time on
         # a busy two-core machine (a user's own setting wins)
         "PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS": os.environ.get(
             "PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS", "180"),
     }
     os.environ.update(env)
+    quiet_libraries(verbose)
     # MLflow: tasks.runtime.tracking uses RUN/mlflow.db unless the user points MLFLOW_TRACKING_URI at a server
     return run
+
+
+#: the loggers of the libraries under the commands, by the level they print at without --verbose
+#: (errors only) and with it (their own defaults: MLflow's INFO; WARNING for alembic, as MLflow sets
+#: it; the others pass their records to the root logger, whose handler Prefect's settings level)
+LIBRARY_LOGGERS = {"mlflow": logging.INFO, "alembic": logging.WARNING, "huey": logging.WARNING,
+                   "distributed": logging.WARNING, "urllib3": logging.NOTSET, "httpx": logging.NOTSET,
+                   "httpcore": logging.NOTSET, "uvicorn": logging.NOTSET, "sqlalchemy": logging.NOTSET}
+
+
+def quiet_libraries(verbose: bool = False) -> None:
+    """The libraries' loggers in this process at ERROR, or with ``verbose`` at their defaults
+    (:data:`LIBRARY_LOGGERS`): for those set up before :func:`prepare` set the environment they read
+    (MLflow configures its loggers when imported). Prefect's own loggers keep passing INFO on (to
+    the Prefect API); its console handler's level, from the environment, keeps them off the terminal."""
+    for name, default in LIBRARY_LOGGERS.items():
+        logging.getLogger(name).setLevel(default if verbose else logging.ERROR)
 
 
 @contextlib.contextmanager

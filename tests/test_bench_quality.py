@@ -2,6 +2,7 @@
 bench (the CRF-on-tags helper of its cam_crf baseline is tested in test_crf.py)."""
 import argparse
 import json
+import math
 from pathlib import Path
 
 import numpy as np
@@ -261,9 +262,9 @@ def test_markdown_report_shows_box_grabcut_class_accuracy_and_the_final_round():
     res = {"dataset": "objects", "split": "train", "images": 3, "eval_split": "val", "eval_images": 1,
            "baselines": {"cam": base, "cam_crf": base, "box_grabcut": {**base, "class_accuracy": 0.7}},
            "rounds": [{"round": 0, "pseudo_label_miou": 0.71, "pseudo_label_class_accuracy": 0.83,
-                       "changed_share": 0.6, "ignore_share": 0.0, "tag_coverage": -0.85},
+                       "changed_share": 0.6, "ignore_share": 0.0, "tag_coverage": math.log(0.5)},
                       {"round": 1, "pseudo_label_miou": 0.64, "pseudo_label_class_accuracy": 0.78,
-                       "changed_share": 0.08, "ignore_share": 0.0, "tag_coverage": -0.9}],
+                       "changed_share": 0.08, "ignore_share": 0.0, "tag_coverage": math.log(0.4)}],
            "final_round": 0, "stop_reason": "oscillation: round 1 sent 0.50 ...; round 0 is final",
            "foreground": True, "ungated": None, "wsss_model_miou": 0.4, "supervised_model_miou": 0.5,
            "wsss_over_supervised": 0.8, "supervised_epochs": 6, "wsss_model_class_accuracy": 0.55,
@@ -276,9 +277,9 @@ def test_markdown_report_shows_box_grabcut_class_accuracy_and_the_final_round():
            "warnings": ["no tag contrast: ..."], "wall_seconds": 1.0, "stage_seconds": {"ingest": 1.0}}
     md = markdown_report(res)
     assert ("| labels on train | mIoU | mean class acc. | pixel acc. | changed | ignore | mIoU at chance | "
-            "tag coverage |") in md
-    # the stopping rule's signal per round; a baseline has none
-    assert "| ours, round 1 | 0.6400 | 0.7800 | | 0.0800 | 0.0000 | - | -0.9000 |" in md
+            "tag share |") in md
+    # the stopping rule's signal per round, as the share it stands for; a baseline has none
+    assert "| ours, round 1 | 0.6400 | 0.7800 | | 0.0800 | 0.0000 | - | 0.4000 |" in md
     assert "| CAM (round 0) | 0.5000 | 0.6000 | 0.8000 | | 0.0000 | 0.3000 | |" in md
     # the chance level of the final round (from the result when its round summary predates it)
     # and of a baseline, and the per-class chance column of ours

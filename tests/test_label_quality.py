@@ -179,6 +179,7 @@ def test_stopping_decisions_known_by_construction():
     d = decide(cfg, 2, 0.10, 0.01, coverage=-1.64, previous_coverage=-1.56)
     assert d.stop and d.final_round == 1 and not d.converged and "tag coverage fell" in d.reason
     assert d.record()["tag_coverage"] == -1.64 and "-1.640 < -1.560" in d.reason
+    assert "tag share 0.194 < 0.210" in d.reason  # exp(-1.64), exp(-1.56): the shares a person reads
     assert not decide(cfg, 2, 0.10, 0.01, coverage=-1.29, previous_coverage=-1.31).stop  # rose: go on
     assert not decide(cfg, 0, 1.0, 0.0, coverage=-3.0, previous_coverage=None).stop
     assert not decide(cfg, 2, 0.10, 0.01, coverage=None, previous_coverage=-1.0).stop  # an older round: no rule

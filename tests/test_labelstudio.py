@@ -23,7 +23,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from wsseg.tasks.labels.labelstudio import brush_rle_decode, brush_rle_encode, read_export
+from wsseg.tasks.labels.labelstudio import brush_rle_decode, brush_rle_encode, label_colours, read_export
 
 ROOT = Path(__file__).resolve().parents[1]
 LS_VENV = ROOT / ".venv-labelstudio"
@@ -164,8 +164,99 @@ def test_read_export_takes_the_latest_submitted_annotation_and_names_each_proble
             list(read_export(tmp_path / "bad.json", names))
 
 
+# ---------------------------------------------------------------------------- the brushes' colours
+SAMPLE = ROOT / "flows" / "sample" / "msrc21"
+
+
+def _hex(rgb) -> str:
+    return "#{:02x}{:02x}{:02x}".format(*rgb)
+
+
+def _exported_colours(tmp_path: Path, names: list[str]) -> list[str]:
+    """The brush colours of the labelling configuration `wsseg export --format labelstudio` writes for a
+    finished round of a run with classes ``names`` (one image, its labels every class in turn)."""
+    from wsseg.tasks.labels.export import export_labels
+    from wsseg.tasks.store import ClassSpec, ImageRecord, Store
+
+    store = Store(tmp_path / f"run{len(names)}")
+    n = len(names)
+    store.write_corpus([ImageRecord("im0", 4, n, (names[0],), f"{0:064x}", "train", "x.jpg", False)],
+                       ClassSpec(tuple(names)))
+    store.write_pseudo(0, "im0", np.tile(np.arange(n, dtype=np.uint8), (4, 1)))
+    store.write_round(0, {"round": 0})
+    export_labels(store, tmp_path / f"ls{n}", which=0, fmt="labelstudio", images=False)
+    config = ET.fromstring((tmp_path / f"ls{n}" / "labeling_config.xml").read_text())
+    assert [x.get("value") for x in config.iter("Label")] == names
+    return [x.get("background") for x in config.iter("Label")]
+
+
+def _lab(colours: list[str]) -> np.ndarray:
+    from skimage.color import rgb2lab
+
+    rgb = np.array([[int(c[k: k + 2], 16) for k in (1, 3, 5)] for c in colours], float) / 255
+    return rgb2lab(rgb[None])[0]
+
+
+def _closest(lab: np.ndarray) -> float:
+    """The smallest CIEDE2000 between two of the colours."""
+    from skimage.color import deltaE_ciede2000
+
+    n = len(lab)
+    d = deltaE_ciede2000(np.repeat(lab, n, 0), np.tile(lab, (n, 1))).reshape(n, n)
+    return float(d[~np.eye(n, dtype=bool)].min())
+
+
+def test_the_brushes_are_told_apart_on_photos(tmp_path):
+    """No brush is dark (it would only darken the photo: VOC's black), pale (it vanishes on a bright
+    sky and as the region list's text on white) or grey (read as shading), and no two are near twins:
+    CIEDE2000 >= 17 between any two of msrc21's 21 classes, >= 9 between any two of 81 (COCO's 80
+    and the implicit background), where about 1 is the least difference a person sees side by side
+    and 2 to 10 one seen at a glance. The same list twice gives the same colours, and a class keeps
+    its colour in a longer list."""
+    msrc21 = (SAMPLE / "classes.txt").read_text().split()
+    coco = ["background"] + [f"coco class {i}" for i in range(1, 81)]
+    written = {}
+    for names, least in ((msrc21, 17.0), (coco, 9.0)):
+        colours = written[len(names)] = _exported_colours(tmp_path, names)
+        lab = _lab(colours)
+        chroma = np.hypot(lab[:, 1], lab[:, 2])
+        assert lab[:, 0].min() >= 35 and lab[:, 0].max() <= 70 and chroma.min() >= 30, (names, colours)
+        assert len(set(colours)) == len(names) and _closest(lab) >= least, (len(names), _closest(lab))
+    assert _exported_colours(tmp_path / "again", msrc21) == written[21] == written[81][:21]
+
+    # what the png export keeps (VOC's colour map) fails both: building black, tree and road two greens
+    from wsseg.tasks.store.files import palette
+
+    voc = palette(len(msrc21))
+    lab = _lab([_hex(voc[3 * i: 3 * i + 3]) for i in range(len(msrc21))])
+    assert lab[msrc21.index("building"), 0] == 0 and _closest(lab) < 17
+
+
+def test_the_docs_start_label_studio_as_the_test_does():
+    """docs/labels.md's start command and API steps are the ones this file's test takes with a real
+    Label Studio: every flag and local-files setting, and every API path."""
+    docs = (ROOT / "docs" / "labels.md").read_text()
+    start = next(line for line in docs.splitlines() if "label-studio start" in line)
+    command = docs[docs.index(start) - 200: docs.index(start) + 400]
+    for flag, value in START_FLAGS.items():
+        assert f" {flag}" in command, flag
+    assert "--internal-host 127.0.0.1" in command
+    for name in FILES_ENV:
+        assert f"{name}=" in command, name
+    for path in API_PATHS:
+        assert path.replace("{pid}", "{project['id']}") in docs, path
+
+
 # ---------------------------------------------------------------------------- a real Label Studio
 TOKEN = "wsseg-test-token-0123456789"
+#: how it is started, as docs/labels.md tells a person to (test_the_docs_start_label_studio_as_the_test_does):
+#: bound to this machine, the first user with a token, legacy token auth (1.23 has it off otherwise)
+START_FLAGS = {"--no-browser": None, "--internal-host": "127.0.0.1", "--username": "annotator@example.com",
+               "--password": "wsseg-test-password", "--user-token": TOKEN, "--enable-legacy-api-token": None}
+#: the local-files settings, with their LABEL_STUDIO_ prefix, and the API paths the test takes
+FILES_ENV = ("LABEL_STUDIO_LOCAL_FILES_SERVING_ENABLED", "LABEL_STUDIO_LOCAL_FILES_DOCUMENT_ROOT")
+API_PATHS = ("/api/projects/", "/api/storages/localfiles/", "/api/projects/{pid}/import",
+             "/api/projects/{pid}/export?exportType=JSON")
 
 
 def _free_port() -> int:
@@ -182,17 +273,13 @@ def label_studio(document_root: Path, data_dir: Path):
     exe = LS_VENV / "bin" / "label-studio"
     _ls_python()
     port = _free_port()
-    env = os.environ | {
+    env = os.environ | dict(zip(FILES_ENV, ("true", str(document_root)))) | {
         "LABEL_STUDIO_BASE_DATA_DIR": str(data_dir),
-        "LABEL_STUDIO_USERNAME": "annotator@example.com", "LABEL_STUDIO_PASSWORD": "wsseg-test-password",
-        "LABEL_STUDIO_USER_TOKEN": TOKEN,
-        "LABEL_STUDIO_ENABLE_LEGACY_API_TOKEN": "true",  # 1.23 turns the user token's (legacy) auth off otherwise
-        "LABEL_STUDIO_LOCAL_FILES_SERVING_ENABLED": "true",
-        "LABEL_STUDIO_LOCAL_FILES_DOCUMENT_ROOT": str(document_root),
         "LABEL_STUDIO_LATEST_VERSION_CHECK": "false", "LABEL_STUDIO_COLLECT_ANALYTICS": "false",
     }
+    args = [a for flag, value in START_FLAGS.items() for a in ([flag] if value is None else [flag, value])]
     log = open(data_dir.parent / "label-studio.log", "w")
-    proc = subprocess.Popen([str(exe), "start", "--no-browser", "--internal-host", "127.0.0.1", "--port", str(port)],
+    proc = subprocess.Popen([str(exe), "start", *args, "--port", str(port)],
                             cwd=data_dir.parent, env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
     url = f"http://127.0.0.1:{port}"
     try:
@@ -250,19 +337,19 @@ def test_a_real_label_studio_takes_the_export_and_gives_back_a_persons_correctio
     assert f"LABEL_STUDIO_LOCAL_FILES_DOCUMENT_ROOT={out.resolve()}" in meta["open_with"]
     config = ET.fromstring((out / "labeling_config.xml").read_text())
     assert [x.get("value") for x in config.iter("Label")] == names
-    assert [x.get("background") for x in config.iter("Label")][:3] == ["#000000", "#800000", "#008000"]  # VOC
+    assert [x.get("background") for x in config.iter("Label")] == [_hex(c) for c in label_colours(len(names))]
     assert sorted(p.stem for p in (out / "images").iterdir()) == sorted(labels)
     lines = (out / "tasks.json").read_text().splitlines()
     assert lines[0] == "[" and lines[-1] == "]" and len(lines) == len(labels) + 2  # a task a line
 
     with label_studio(out, tmp_path / "ls-data") as url:
-        project = _api(url, "POST", "/api/projects/", {"title": "wsseg round trip",
-                                                       "label_config": (out / "labeling_config.xml").read_text()})
+        project = _api(url, "POST", API_PATHS[0], {"title": "wsseg round trip",
+                                                   "label_config": (out / "labeling_config.xml").read_text()})
         pid = project["id"]
         # what serves the images: a local storage of OUT/images (not synced: the tasks are imported)
-        _api(url, "POST", "/api/storages/localfiles/", {"project": pid, "path": str(out.resolve() / "images"),
-                                                         "title": "wsseg images", "use_blob_urls": False})
-        imported = _api(url, "POST", f"/api/projects/{pid}/import", json.loads((out / "tasks.json").read_text()))
+        _api(url, "POST", API_PATHS[1], {"project": pid, "path": str(out.resolve() / "images"),
+                                         "title": "wsseg images", "use_blob_urls": False})
+        imported = _api(url, "POST", API_PATHS[2].format(pid=pid), json.loads((out / "tasks.json").read_text()))
         assert imported["task_count"] == len(labels) and imported["prediction_count"] == len(labels)
 
         held = _api(url, "GET", f"/api/tasks/?project={pid}&fields=all&page_size=1000")["tasks"]
@@ -301,7 +388,7 @@ def test_a_real_label_studio_takes_the_export_and_gives_back_a_persons_correctio
         _api(url, "POST", f"/api/tasks/{task['id']}/annotations/?project={pid}",
              {"result": result, "lead_time": 42.0, "parent_prediction": pred["id"], "project": str(pid),
               "was_cancelled": False})
-        exported = _api(url, "GET", f"/api/projects/{pid}/export?exportType=JSON", raw=True)
+        exported = _api(url, "GET", API_PATHS[3].format(pid=pid), raw=True)
     export = tmp_path / "project-export.json"
     export.write_bytes(exported)
 

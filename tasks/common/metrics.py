@@ -309,6 +309,18 @@ def tag_coverage(log_share_sums, tagged_counts):
     return float(np.mean(sums[seen] / counts[seen]))
 
 
+def tag_share(coverage):
+    """The tag coverage (:func:`tag_coverage`) as a share a person reads: ``exp(coverage)``, the
+    geometric mean of the share of its images' pixels the labels give a tagged class (1: every
+    tagged class fills its images; where an image's tagged classes share it, the more even, the
+    higher). None stays None. What the tables print; the summaries keep the coverage.
+
+    >>> round(tag_share(np.log(0.25)), 4), tag_share(None)
+    (0.25, None)
+    """
+    return None if coverage is None else float(np.exp(coverage))
+
+
 def ignore_share(label, *, ignore_index=255):
     """Share of pixels of `label` equal to `ignore_index` (0.0 for empty maps)."""
     label = np.asarray(label)

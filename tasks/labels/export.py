@@ -13,9 +13,10 @@
   annotation. ``OUT/images/<id>.jpg`` beside it (unless ``images=False``).
 * ``labelstudio``: ``OUT/tasks.json``, one Label Studio task per image with the labels as a
   prediction (one brush per class present, Label Studio's brush RLE; ignored pixels carry none),
-  ``OUT/labeling_config.xml`` (the project's labelling interface: a brush label per class in the
-  VOC colours) and ``OUT/images/<id>.jpg``, which the tasks name by Label Studio's local-files URL
-  with ``OUT`` as the document root (:mod:`tasks.labels.labelstudio`, whose ``read_export`` reads
+  ``OUT/labeling_config.xml`` (the project's labelling interface: a brush label per class in
+  colours told apart on photos, :func:`tasks.labels.labelstudio.label_colours`) and
+  ``OUT/images/<id>.jpg``, which the tasks name by Label Studio's local-files URL with ``OUT`` as
+  the document root (:mod:`tasks.labels.labelstudio`, whose ``read_export`` reads
   a project's JSON export back).
 
 All stream: one image's labels are held at a time, the COCO file's images and annotations are
@@ -76,8 +77,11 @@ def export_round(store: Store, which: str | int) -> int:
 
 
 def config_digest(store: Store) -> str | None:
-    """A short digest of the run's configuration (config.json), which names what made the labels."""
-    config = store.read_config()
+    """A short digest of the run's configuration (config.json), which names what made the labels;
+    where the work ran is no part of it (:data:`tasks.config.RUNTIME_ONLY`, an older record's too)."""
+    from wsseg.tasks.config import recorded_config
+
+    config = recorded_config(store.read_config())
     return params_key(config) if config is not None else None
 
 
@@ -170,11 +174,10 @@ def _write_coco(store: Store, r: int, records: list[ImageRecord], missing: list[
 
 def _write_labelstudio(store: Store, r: int, records: list[ImageRecord], missing: list[ImageRecord], dest: Path,
                       images: bool, info: dict, advance: Callable[[], None]) -> dict:
-    from wsseg.tasks.labels.labelstudio import HOW_TO_OPEN, write_tasks
+    from wsseg.tasks.labels.labelstudio import HOW_TO_OPEN, label_colours, write_tasks
 
     classes = store.classes()
-    pal = palette(max(3, classes.n))  # the colours of the png export
-    colours = [tuple(pal[3 * i: 3 * i + 3]) for i in range(classes.n)]
+    colours = label_colours(classes.n)  # told apart on photos (VOC's colours are not: black, near twins)
     version = f"wsseg round {r} {info['config_digest']}"
     labels = ((rec.image_id, label) for rec, label in _labels(store, r, records, missing, advance))
     written = write_tasks(labels, dest, list(classes.names), colours, version,

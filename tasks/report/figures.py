@@ -12,7 +12,7 @@ from pathlib import Path
 
 import numpy as np
 
-from wsseg.tasks.common.metrics import confusion_matrix, iou_from_confusion
+from wsseg.tasks.common.metrics import confusion_matrix, iou_from_confusion, tag_share
 from wsseg.tasks.report.overlay import grid, legend, overlay, write_png
 from wsseg.tasks.store import ImageRecord, Store
 
@@ -109,7 +109,7 @@ def markdown_report(res: dict) -> str:
              f"Pseudo-labels measured on `{res['split']}` (tags only for training, masks only here); "
              f"models measured on `{res['eval_split']}` ({res['eval_images']} images).", "",
              "| labels on " + res["split"] + " | mIoU | mean class acc. | pixel acc. | changed | ignore | "
-             "mIoU at chance | tag coverage |",
+             "mIoU at chance | tag share |",
              "|---|---|---|---|---|---|---|---|"]
     for name in b:
         lines.append(f"| {BASELINE_TITLES.get(name, name)} | {_f(b[name]['miou'])} | {_f(b[name].get('class_accuracy'))} | "
@@ -121,13 +121,14 @@ def markdown_report(res: dict) -> str:
             chance = res.get("pseudo_label_chance_miou")
         lines.append(f"| ours, round {r['round']}{' (final)' if final else ''} | {_f(r['pseudo_label_miou'])} | "
                      f"{_f(r.get('pseudo_label_class_accuracy'))} | | {_f(r['changed_share'])} | {_f(r['ignore_share'])} | "
-                     f"{_f(chance)} | {_f(r.get('tag_coverage'))} |")
+                     f"{_f(chance)} | {_f(tag_share(r.get('tag_coverage')))} |")
     lines += ["", "mIoU at chance: what labels with the same class shares would score placed at random "
                   "(tasks.common.metrics.chance_iou_from_confusion); a source near it knows how much of each class "
-                  "there is, not where. Tag coverage: the mean over the tagged classes (and the implicit "
-                  "background) of the mean log label share on the images tagged with them (no mask; on a corpus "
-                  "without an implicit background the stopping rule ends the rounds when it falls, "
-                  "tasks.wsss.stopping)."]
+                  "there is, not where. Tag share: a tagged class's (and the implicit background's) share of "
+                  "its images' pixels, a geometric mean (no mask): exp of the JSON's tag_coverage, the mean over "
+                  "the tagged classes of the mean log label share on the images tagged with them; on a corpus "
+                  "without an implicit background `stopping=auto` ends the rounds when it falls "
+                  "(tasks.wsss.stopping)."]
     if res.get("stop_reason"):
         lines += ["", f"Stopped: {res['stop_reason']}."]
     if res.get("foreground"):

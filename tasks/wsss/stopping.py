@@ -46,6 +46,7 @@ converges and is final (docs/benchmarks.md#one-class-corpus).
 """
 from __future__ import annotations
 
+import math
 from dataclasses import asdict, dataclass
 
 from wsseg.tasks.config import WSSSConfig
@@ -138,7 +139,8 @@ def decide(config: WSSSConfig, r: int, changed: float, reverted_share: float, co
             and previous_coverage is not None and coverage < previous_coverage):
         return Decision(r, True, r - 1, (
             f"tag coverage fell: round {r}'s labels give the tagged classes less room than round {r - 1}'s "
-            f"(mean log share {coverage:.3f} < {previous_coverage:.3f}); round {r - 1} is final"),
+            f"(tag share {math.exp(coverage):.3f} < {math.exp(previous_coverage):.3f}, mean log share "
+            f"{coverage:.3f} < {previous_coverage:.3f}); round {r - 1} is final"),
             converged=False, **keep)
     if r > 0 and changed < config.epsilon:
         return Decision(r, True, r, f"converged: round {r} changed {changed:.4f} of the pixels "
