@@ -253,7 +253,7 @@ def full_case(b: Bench, n: int, first: bool = True) -> dict:
     Steps 1, 2 and 5 are measured once per run directory and recorded in ``RUN/n<N>/measured.json``:
     the same command again reports those figures and measures step 3, the rerun, afresh (a
     changed configuration is refused, as ``wsseg train`` refuses it)."""
-    from wsseg.flows.wsss import check_config
+    from wsseg.flows.wsss import check_config, record_config
 
     main = Store(b.path(n, "run"))
     record, settings = b.path(n, "measured.json"), b.settings(n)
@@ -264,6 +264,7 @@ def full_case(b: Bench, n: int, first: bool = True) -> dict:
     with b.cluster(b.max_workers) as address:
         if out is None:
             check_config(main, b.config)
+            record_config(main, b.config)
             out = {"images": n, "run_dir": str(main.root), "settings": settings} | first_pass(b, n, main, address)
             files.write_json(record, out)
         else:
@@ -369,7 +370,7 @@ def incremental_case(b: Bench, n: int, first: bool = True) -> dict:
     (target <= 1.2), and the cost of an ingest again of the unchanged source (no image decoded)."""
     if not first:
         return {"skipped": "measured at the first corpus size only"}
-    from wsseg.flows.wsss import check_config, refresh, refresh_round
+    from wsseg.flows.wsss import check_config, record_config, refresh, refresh_round
     from wsseg.tasks.corpus.encoders import with_weight_digests
 
     new = max(1, n // 10)
@@ -397,6 +398,7 @@ def incremental_case(b: Bench, n: int, first: bool = True) -> dict:
         # the round records its weight files' digests, as `wsseg train` does: `wsseg refresh` compares them
         config = with_weight_digests(b.config)
         check_config(main, config)
+        record_config(main, config)
         res = b.round(main, address)
         on_cluster(refresh_round, address)(str(main.root), 0, config, res["feature_key"])
         grown_ingest = ingest_figures(str(grown))

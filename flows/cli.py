@@ -22,12 +22,13 @@ from pathlib import Path
 
 
 from wsseg.flows.cli_bench import (add_bench_quality_parser, add_bench_highres_parser, add_bench_train_parser,
-                             add_bench_pipeline_parser, add_bench_corrections_parser)
+                             add_bench_pipeline_parser, add_bench_corrections_parser, add_bench_scale_parser)
 from wsseg.flows.cli_common import (DEFAULT_RUN_DIR, version_text, common_args, storage_args, apply_storage_args,
-                              config_args, build_config, DEMO_CONFIG, register_arg, reader_args)
+                              config_args, build_config, DEMO_CONFIG, register_arg, reader_args, check_device,
+                              refuse_discarding)
 from wsseg.tasks.labels.formats import FORMATS as EXPORT_FORMATS
 from wsseg.flows.commands import (cmd_ingest, cmd_refresh, cmd_train, cmd_demo, cmd_evaluate, cmd_export, cmd_review, cmd_status,
-                            cmd_ui, add_segment_parser)
+                            cmd_ui, add_segment_parser, cmd_check)
 
 
 def parser() -> argparse.ArgumentParser:
@@ -86,14 +87,16 @@ def parser() -> argparse.ArgumentParser:
     p = sub.add_parser("train", help="refresh rounds until convergence (flow train_wsss)",
                        description="Run refresh rounds on the ingested corpus until the changed-pixel share falls "
                                    "under epsilon, a round oscillates or lowers the tag coverage (the stopping "
-                                   "option), or the round budget ends. Re-running resumes a stopped run: "
-                                   "the image classifier and each round are reused only while the class list, the "
-                                   "corpus content (a manifest hash) and the configuration they were computed from "
-                                   "are unchanged; otherwise the command says what changed and computes them again "
-                                   "(after `wsseg ingest` of a grown source, this retrains; `wsseg refresh` labels "
-                                   "the new images without training).")
+                                   "option), or the round budget ends. Re-running resumes a stopped run with the "
+                                   "configuration recorded in the run directory (--set applies over it; --defaults "
+                                   "or --config start from the defaults): the image classifier and each round are "
+                                   "reused only while the class list, the corpus content (a manifest hash) and the "
+                                   "configuration they were computed from are unchanged; after `wsseg ingest` of a "
+                                   "grown source it says what changed and computes them again (`wsseg refresh` "
+                                   "labels the new images without training). Options that would compute finished "
+                                   "results again are refused, naming them, unless --recompute.")
     common_args(p)
-    config_args(p)
+    config_args(p, resume=True)
     register_arg(p)
     p.add_argument("--json", action="store_true", help="print the summary as one JSON object (for scripts)")
     p.set_defaults(func=cmd_train)
@@ -182,6 +185,25 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--top", type=int, default=20, help="rows to show (default 20; 0: every image)")
     p.set_defaults(func=cmd_review)
 
+    p = sub.add_parser("check", help="read and verify every file of a run directory (--repair: remove damaged "
+                                     "derived data)",
+                       description="Read every file the run directory's records name (the corpus's manifest, images, "
+                                   "masks and corrections, the feature cache, each round's packs, markers, tables and "
+                                   "checkpoints, the run's records) and verify it against the digest recorded when it "
+                                   "was written or the checksum its format carries. Prints one line per damaged or "
+                                   "missing file with what it holds and what to do, and exits 1 when there is one (0 "
+                                   "and a summary when all is well). --repair removes the damaged derived data, so "
+                                   "that the next `wsseg train` or `wsseg refresh` computes exactly that again, and "
+                                   "moves aside the corpus files that only `wsseg ingest SOURCE` brings back.")
+    p.add_argument("--run-dir", dest="run", default=DEFAULT_RUN_DIR,
+                   help=f"the run directory to check (default: {DEFAULT_RUN_DIR})")
+    p.add_argument("--repair", action="store_true",
+                   help="remove damaged derived data (packs, round models, caches, records) and move damaged corpus "
+                        "files aside, holding the run directory's writer lock; exits 0 when nothing is left for you "
+                        "to do")
+    p.add_argument("--json", action="store_true", help="print the result as one JSON object (for scripts)")
+    p.set_defaults(func=cmd_check)
+
     bench = sub.add_parser("bench", help="benchmarks that print and write figures").add_subparsers(
         dest="bench", required=True)
     add_bench_quality_parser(bench)
@@ -189,6 +211,7 @@ def parser() -> argparse.ArgumentParser:
     add_bench_highres_parser(bench)
     add_bench_pipeline_parser(bench)
     add_bench_corrections_parser(bench)
+    add_bench_scale_parser(bench)
     add_segment_parser(sub)
     return ap
 
@@ -196,7 +219,8 @@ def parser() -> argparse.ArgumentParser:
 #: commands whose --run-dir may be an fsspec URL (the store on object storage)
 REMOTE_COMMANDS = ("ingest", "train", "refresh", "evaluate", "demo", "ui")
 #: commands that write a run directory: one at a time per directory (tasks.store.lock)
-WRITERS = ("demo", "ingest", "train", "refresh", "bench quality", "bench pipeline", "bench corrections", "bench train")
+WRITERS = ("demo", "ingest", "train", "refresh", "bench quality", "bench pipeline", "bench corrections", "bench train",
+           "bench scale")
 #: commands without a --run-dir that keep their Prefect and MLflow state in their output folder: the
 #: same lock there (two at once broke the Prefect API's start or MLflow's database), and the option
 #: a second one is told to change
@@ -211,17 +235,19 @@ def command_name(args) -> str:
 def precheck(args) -> None:
     """Input mistakes that cost nothing to find, found before Prefect, Dask or the run directory
     are touched (so the error comes in a second and nothing is left behind)."""
+    from wsseg.flows.api import need_corpus, need_round
     from wsseg.tasks.store import Store
 
     name = command_name(args)
-    if name in ("train", "demo"):
-        build_config(args, DEMO_CONFIG if name == "demo" else None)  # a bad --set or --config fails here
-    if name in ("train", "evaluate", "refresh"):
-        run = Store(args.run_dir)
-        if not run.has_corpus():
-            raise ValueError(f"{run.root}: no corpus here; run `wsseg ingest SOURCE --run-dir {args.run_dir}` first")
-    if name in ("evaluate", "refresh") and not Store(args.run_dir).finished_rounds():
-        raise ValueError(f"{args.run_dir}: no finished round yet; run `wsseg train --run-dir {args.run_dir}` first")
+    if name in ("train", "demo"):  # a bad --set or --config, or a device that is not there, fails here
+        config = build_config(args, DEMO_CONFIG if name == "demo" else None)
+    elif getattr(args, "device", None):
+        check_device(args.device)
+    if name == "train":
+        need_corpus(args.run_dir)
+        refuse_discarding(args, config)  # options that would compute finished results again, without --recompute
+    if name in ("evaluate", "refresh"):
+        need_round(args.run_dir)
     if name == "ingest" and args.source is None and args.corrections is None:
         raise ValueError("give the dataset folder to ingest (SOURCE), or --corrections PATH, or both")
     if name == "ingest" and args.source is not None and not Path(args.source).is_dir():
@@ -298,7 +324,7 @@ def main(argv: list[str] | None = None) -> int:
     announce(args)
     verbose = getattr(args, "verbose", False)
     name = command_name(args)
-    run_dir, existed = None, False
+    run_dir, existed, checked = None, False, False
     try:
         apply_storage_args(args)
         if getattr(args, "run_dir", None):
@@ -311,11 +337,12 @@ def main(argv: list[str] | None = None) -> int:
             store.check_reachable()  # one request: an unreachable endpoint or a missing bucket is one line
             run_dir, existed = (store.root if store.remote else Path(args.run_dir)), store.exists()
         precheck(args)
+        checked = True  # an input mistake found before this is not the run's error: its records stay as they were
         if run_dir is not None:
             from wsseg.flows.runtime import prepare
 
             prepare(run_dir, verbose=verbose)
-        if name not in ("status", "export", "review"):  # the others start processes (a Prefect API at least)
+        if name not in ("status", "export", "review", "check"):  # the others start processes (a Prefect API at least)
             from wsseg.flows.runtime import start_reaper
 
             start_reaper()
@@ -336,7 +363,7 @@ def main(argv: list[str] | None = None) -> int:
 
         lost = _api_connection_error(e)
         if lost is not None:
-            _record_error(run_dir, args, lost)
+            _record_error(run_dir if checked else None, args, lost)
         if lost is not None and not verbose:
             url = os.environ.get("PREFECT_API_URL", "the Prefect API")
             # Prefect's API log handler ends its own complaint without a newline: ours starts a line
@@ -347,7 +374,7 @@ def main(argv: list[str] | None = None) -> int:
                   "the server back, to resume.", file=sys.stderr)
             return 3
 
-        _record_error(run_dir, args, e)
+        _record_error(run_dir if checked else None, args, e)
         if isinstance(e, (IngestError, FileNotFoundError, ValueError)) and not verbose:
             if run_dir is not None and not existed:
                 from wsseg.tasks.store.remote import state_dir_for

@@ -69,7 +69,7 @@ def cmd_bench_quality(args) -> int:
     check_overrides(args.overrides)
     for spec in args.compare_models or []:
         parse_model_spec(spec)  # a typo fails now, not after the rounds
-    config = build_config(args)
+    config = build_config(args, {})  # the defaults and the options, never a run directory's recorded configuration
     if args.split:
         config = config.model_copy(update={"split": args.split})
     run = Path(args.run_dir).resolve()
@@ -368,4 +368,75 @@ def add_bench_corrections_parser(bench) -> argparse.ArgumentParser:
     common_args(p, "runs/bench-quality")
     p.add_argument("--json", action="store_true", help="print the result as one JSON object (for scripts)")
     p.set_defaults(func=cmd_bench_corrections)
+    return p
+
+
+# ---------------------------------------------------------------------------- bench scale
+def cmd_bench_scale(args) -> int:
+    from wsseg.tasks.bench.scale import format_summary
+    from wsseg.tasks.corpus import ingest as ing
+
+    sizes = _int_list(args.replicate, "--replicate")
+    if args.workers < 1:
+        raise ValueError(f"--workers expects a positive whole number, got {args.workers}")
+    if args.rounds < 2:
+        raise ValueError(f"--rounds {args.rounds}: the benchmark needs at least 2 rounds (round 1's preliminary "
+                         "result comes from round 0's model, another cost than round 0's)")
+    if not Path(args.data).is_dir():
+        raise ValueError(f"{args.data}: no such directory (--data: a dataset folder to replicate)")
+    config = build_config(args, {})  # a bad --set or --config fails now, before anything starts
+    ing.check_source(args.data, headers=False).raise_for(False)
+    run = Path(args.run_dir).resolve()
+    out = (Path(args.out) if args.out else run / "scale.json").resolve()
+    from wsseg.flows.bench_scale import bench_scale
+
+    res = bench_scale(str(args.data), str(run), sizes, args.workers, args.rounds, str(out),
+                      overrides=args.overrides, config=str(Path(args.config).resolve()) if args.config else None,
+                      split=config.split, keep=args.keep, interval=args.interval)
+    print_result(args, res, format_summary(res), out)
+    return 1 if any(s["failed"] for s in res["per_size"].values()) else 0
+
+
+def add_bench_scale_parser(bench) -> argparse.ArgumentParser:
+    """Register ``wsseg bench scale`` (:func:`flows.bench_scale.bench_scale`)."""
+    p = bench.add_parser(
+        "scale", help="the user's whole path (ingest, train, export, review, status, train again) measured at "
+                      "corpus sizes N and M on an external Dask cluster: time, CPU, memory, task runs, files",
+        description="For each corpus size, replicate --data into N distinct images, start a Dask cluster as a user "
+                    "does (`dask scheduler`, `dask worker --nthreads 1 --preload-nanny wsseg.flows.nanny`) and "
+                    "run, as wsseg subprocesses with --dask-address: ingest, train --rounds R, export --format png, "
+                    "review --top 100, status --json, and train again (which must recompute nothing). For each "
+                    "command: wall time, CPU core-ms per image (the command's processes, the workers, the "
+                    "scheduler), peak memory of the command's process, of each worker and of the scheduler, the "
+                    "Prefect task runs it created, the store's files and bytes after it; for train the shard "
+                    "stages' worker core-ms per image by round and the trainers' time. Prints a table per size "
+                    "and the ratios of the largest size to the smallest against the targets of issue 54; "
+                    "writes --out (JSON).")
+    p.add_argument("--data", required=True, type=Path,
+                   help="dataset folder to replicate (the layout of `wsseg ingest`: images/, labels.csv, "
+                        "classes.txt, optional masks/), e.g. ../shared/data/msrc21")
+    p.add_argument("--replicate", required=True, metavar="N[,M...]",
+                   help="corpus sizes, comma-separated, e.g. 1000,100000; the ratios compare the largest with "
+                        "the smallest")
+    p.add_argument("--run-dir", default="runs/bench-scale",
+                   help="benchmark folder: RUN_DIR/n<N>/source (the replicated dataset), RUN_DIR/n<N>/run (the "
+                        "run directory, kept; a later run of the benchmark measures it afresh), "
+                        "RUN_DIR/n<N>/export, RUN_DIR/n<N>/cluster (the Dask cluster's log and scratch space) "
+                        "(default: runs/bench-scale)")
+    p.add_argument("--workers", type=int, default=2,
+                   help="single-threaded Dask worker processes of the cluster the commands run on (default 2)")
+    p.add_argument("--rounds", type=int, default=2, help="round budget of `wsseg train` (default 2; at least 2)")
+    p.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE",
+                   help="passed to `wsseg train` (repeatable), e.g. --set train_images=100000; default: wsseg's "
+                        "default configuration")
+    p.add_argument("--config", type=Path, default=None,
+                   help="JSON file with WSSSConfig fields, passed to `wsseg train`")
+    p.add_argument("--out", type=Path, default=None, help="result JSON (default: RUN_DIR/scale.json)")
+    p.add_argument("--keep", action="store_true",
+                   help="keep the replicated sources (RUN_DIR/n<N>/source): a later run with the same size and "
+                        "--data reuses them instead of writing them again (default: removed after the size)")
+    p.add_argument("--interval", type=float, default=0.3,
+                   help="seconds between two readings of the processes' memory and CPU (default 0.3)")
+    p.add_argument("--json", action="store_true", help="print the result as one JSON object (for scripts)")
+    p.set_defaults(func=cmd_bench_scale)
     return p

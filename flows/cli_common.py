@@ -32,7 +32,8 @@ def common_args(p: argparse.ArgumentParser, default_run: str = DEFAULT_RUN_DIR) 
                    help="Dask worker processes of the local cluster (default: one per core)")
     p.add_argument("--dask-address", default=None,
                    help="use an existing Dask scheduler (tcp://host:8786) instead of a local cluster")
-    p.add_argument("--verbose", action="store_true", help="show Prefect's own log lines")
+    p.add_argument("--verbose", action="store_true",
+                   help="show the libraries' own log lines (Prefect, MLflow, Dask) and input errors' tracebacks")
 
 
 def reader_args(p: argparse.ArgumentParser, round_help: str) -> None:
@@ -97,7 +98,9 @@ def run_root(run_dir):
     return Store(run_dir).root
 
 
-def config_args(p: argparse.ArgumentParser) -> None:
+def config_args(p: argparse.ArgumentParser, resume: bool = False) -> None:
+    """The configuration's options. ``resume`` (``train``): they apply to the run directory's
+    recorded configuration (config.json), not to the defaults, and --defaults, --recompute are added."""
     p.add_argument("--rounds", type=int, default=None, help="round budget (default from the config: 3)")
     p.add_argument("--network", "--model", dest="network", default=None, metavar="NAME",
                    help="segmentation network from the registry: lite (ImageNet-pretrained EfficientNet-Lite0), "
@@ -105,21 +108,110 @@ def config_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--backbone-weights", nargs="+", default=None, metavar="NAME=PATH",
                    help="torchvision ImageNet checkpoints for the fusion model, e.g. resnet50=r50.pth "
                         "mobilenet_v2=mnv2.pth (loaded with torch.load(weights_only=True))")
-    p.add_argument("--device", default=None, help="auto (CUDA when present, else CPU), cpu or cuda")
-    p.add_argument("--config", type=Path, default=None, help="JSON file with WSSSConfig fields")
+    p.add_argument("--device", default=None,
+                   help="auto (CUDA when present, else CPU), cpu or cuda (cuda:N); where the work runs is not "
+                        "part of the configuration: a run directory resumes on another device")
+    if not resume:
+        p.add_argument("--config", type=Path, default=None, help="JSON file with WSSSConfig fields")
+        p.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE",
+                       help="override one field, dotted, e.g. --set proposals.t1=0.4 (repeatable)")
+        return
+    start = p.add_mutually_exclusive_group()
+    start.add_argument("--config", type=Path, default=None,
+                       help="JSON file with WSSSConfig fields: the configuration is the file's fields over the "
+                            "defaults, not the run directory's (without it, and without --defaults, the run "
+                            "resumes with the configuration recorded in RUN/config.json)")
+    start.add_argument("--defaults", dest="config", action="store_const", const={},
+                       help="start from wsseg's defaults instead of the run directory's recorded configuration "
+                            "(--set and the other options apply over them)")
     p.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE",
-                   help="override one field, dotted, e.g. --set proposals.t1=0.4 (repeatable)")
+                   help="override one field, dotted, e.g. --set proposals.t1=0.4 (repeatable), over the run "
+                        "directory's recorded configuration (over the defaults with --defaults or --config)")
+    p.add_argument("--recompute", action="store_true",
+                   help="compute again the finished results (the image classifier, rounds, models) that the "
+                        "options change; without it such options are refused with one line naming what they "
+                        "would recompute, and nothing is changed")
+
+
+def run_configuration(run_dir) -> dict:
+    """The configuration a run directory's results were computed with (RUN/config.json, without where
+    the work ran), as JSON; empty (the defaults) for a run directory without one."""
+    from wsseg.tasks.config import recorded_config
+    from wsseg.tasks.store import Store
+
+    if run_dir is None:
+        return {}
+    return recorded_config(Store(run_dir).read_config()) or {}
+
+
+def check_device(device: str | None) -> None:
+    """A device that is not there (cuda without CUDA, an unknown name): one line, before anything starts."""
+    if device is None:
+        return
+    from wsseg.tasks.common.training import device_problem
+
+    problem = device_problem(device)
+    if problem:
+        raise ValueError(problem)
+
+
+def refuse_discarding(args, config) -> None:
+    """``wsseg train`` without --recompute: a configuration that would compute finished results
+    again (:func:`tasks.wsss.recompute.options_discard`) is refused with one line naming them and
+    the options that change them; nothing is changed."""
+    if getattr(args, "recompute", False):
+        return
+    from wsseg.models.efficientnet_lite import PretrainedWeightsError
+    from wsseg.tasks.corpus.encoders import with_weight_digests
+    from wsseg.tasks.store import Store
+    from wsseg.tasks.wsss.recompute import describe, options_discard
+
+    store = Store(args.run_dir)
+    try:
+        gone = options_discard(store, with_weight_digests(config))
+    except PretrainedWeightsError as e:
+        raise ValueError(str(e)) from None
+    if gone:
+        raise ValueError(f"{args.run_dir}: the options would compute finished results again: "
+                         f"{describe(gone, store.finished_rounds())}; nothing was changed: add --recompute to do "
+                         "it, or leave the options out to resume with the run's configuration")
+
+
+def parse_sets(items: list[str]) -> dict:
+    """``--set KEY=VALUE`` items as the mapping of :func:`flows.api.train`'s ``overrides`` (a value
+    is JSON when it parses as JSON, else the string)."""
+    out = {}
+    for item in items or []:
+        key, eq, value = item.partition("=")
+        if not eq:
+            raise ValueError(f"--set expects KEY=VALUE, got {item!r}")
+        try:
+            out[key] = json.loads(value)
+        except json.JSONDecodeError:
+            out[key] = value
+    return out
 
 
 def build_config(args, base: dict | None = None):
+    """The configuration of the options ``args`` (--config, --defaults, --set, --rounds, ...) over
+    ``base``; without ``base``, over the run directory's recorded configuration (``args.run_dir``:
+    :func:`run_configuration`, a resumed run keeps its own) or, with --config or --defaults, over the
+    defaults. A device that is not there is refused (:func:`check_device`)."""
+    import copy
+
     from wsseg.tasks.config import WSSSConfig
 
-    data = dict(base or {})
-    if getattr(args, "config", None):
+    conf = getattr(args, "config", None)
+    if base is None:
+        base = {} if conf is not None else run_configuration(getattr(args, "run_dir", None))
+    data = copy.deepcopy(base)
+    if isinstance(conf, dict):  # --defaults
+        data = merge_dicts(data, conf)
+    elif conf:
         try:
-            data = merge_dicts(data, json.loads(Path(args.config).read_text()))
+            data = merge_dicts(data, json.loads(Path(conf).read_text()))
         except json.JSONDecodeError as e:
-            raise ValueError(f"{args.config}: not valid JSON ({e})") from None
+            raise ValueError(f"{conf}: not valid JSON ({e})") from None
     for item in getattr(args, "overrides", []):
         if "=" not in item:
             raise SystemExit(f"--set expects KEY=VALUE, got {item!r}")
@@ -150,10 +242,12 @@ def build_config(args, base: dict | None = None):
     from pydantic import ValidationError
 
     try:
-        return WSSSConfig.model_validate(data)
+        config = WSSSConfig.model_validate(data)
     except ValidationError as e:
         where = "; ".join(f"{'.'.join(str(p) for p in err['loc'])}: {err['msg']}" for err in e.errors())
         raise ValueError(f"bad configuration (--set / --config): {where}") from None
+    check_device(config.device)
+    return config
 
 
 def merge_dicts(a: dict, b: dict) -> dict:
@@ -173,14 +267,26 @@ DEMO_CONFIG = {
 }
 
 
+#: what the columns of :func:`print_rounds` are, printed under it
+ROUNDS_LEGEND = (
+    "cam: round 0's CAMs as labels; mIoU, cls acc (mean class accuracy): against the masks, where the corpus has\n"
+    "them; chance: the mIoU of the same class shares placed at random; changed: share of pixels relabelled since\n"
+    "the row above; ignore: share left undecided; tag share: a tagged class's share of its images' pixels\n"
+    "(geometric mean: the summary's exp(tag_coverage); --set stopping=auto ends the rounds when it falls)")
+
+
 def print_rounds(rows: list[dict], stream=sys.stdout) -> None:
-    print(f"{'round':>6} {'mIoU':>7} {'cls acc':>7} {'chance':>7} {'changed':>8} {'ignore':>7} {'cover':>7} "
+    """The rounds table (the CAM baseline, then a row per round) and its legend."""
+    from wsseg.tasks.common.metrics import tag_share
+
+    print(f"{'round':>6} {'mIoU':>7} {'cls acc':>7} {'chance':>7} {'changed':>8} {'ignore':>7} {'tag share':>10} "
           f"{'wall s':>7}", file=stream)
     for r in rows:
         f = lambda v, p=3: "-" if v is None else f"{v:.{p}f}"
         print(f"{str(r['round']):>6} {f(r['pseudo_label_miou']):>7} {f(r.get('pseudo_label_class_accuracy')):>7} "
               f"{f(r.get('pseudo_label_chance_miou')):>7} {f(r['changed_share']):>8} {f(r['ignore_share']):>7} "
-              f"{f(r.get('tag_coverage')):>7} {f(r['wall_seconds'], 1):>7}", file=stream)
+              f"{f(tag_share(r.get('tag_coverage'))):>10} {f(r['wall_seconds'], 1):>7}", file=stream)
+    print(ROUNDS_LEGEND, file=stream)
 
 
 def print_final(s: dict, stream=sys.stdout) -> None:

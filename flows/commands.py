@@ -6,37 +6,31 @@ from __future__ import annotations
 import argparse
 import json
 import sys
+import textwrap
 import time
 from pathlib import Path
 
 from wsseg.flows.cli_common import (SAMPLE, storage_args, run_root, build_config, DEMO_CONFIG, print_rounds,
-                              print_final, print_where)
+                                    print_final, print_where, parse_sets)
 
 
 def cmd_ingest(args) -> int:
+    from wsseg.flows import api
+
+    s = api.ingest(args.source, args.run_dir, corrections=args.corrections, shard_size=args.shard_size,
+                   skip_invalid=args.skip_invalid, background=args.background, max_pixels=args.max_pixels,
+                   min_side=args.min_side, allow_external_links=args.allow_external_links,
+                   alpha_background=args.alpha_background, workers=args.workers, dask_address=args.dask_address)
     if args.source is not None:
-        cmd_ingest_source(args)
-    return cmd_corrections(args) if args.corrections is not None else 0
+        print_ingest(args, s)
+    return print_corrections(args, s["corrections"]) if args.corrections is not None else 0
 
 
-def cmd_corrections(args) -> int:
-    """``wsseg ingest --corrections PATH``: store the corrections (tasks.labels.corrections); each
-    refused file is one line on stderr and the status is 1 when any was refused."""
-    from wsseg.tasks.labels.corrections import ingest_corrections, summary_line
-    from wsseg.tasks.runtime.progress import Progress
-    from wsseg.tasks.store import Store
+def print_corrections(args, res: dict) -> int:
+    """``wsseg ingest --corrections PATH``'s result (tasks.labels.corrections); each refused file is
+    one line on stderr and the status is 1 when any was refused."""
+    from wsseg.tasks.labels.corrections import summary_line
 
-    store = Store(run_root(args.run_dir))
-    prog = Progress("corrections", 0)
-    seen = 0
-
-    def advance() -> None:
-        nonlocal seen
-        seen += 1
-        if seen % 50 == 0:
-            prog.message(f"{seen} read")
-
-    res = ingest_corrections(store, args.corrections, progress=advance)
     for line in res["refused"]:
         print(f"wsseg: error: {line}", file=sys.stderr)
     if args.json:
@@ -49,33 +43,9 @@ def cmd_corrections(args) -> int:
     return 1 if res["refused"] else 0
 
 
-def cmd_ingest_source(args) -> None:
+def print_ingest(args, s: dict) -> None:
     from wsseg.tasks.corpus import ingest as ing
 
-    bg = None if args.background == "none" else args.background
-    # options left unset take the defaults of tasks.corpus.ingest (the flow's keyword defaults)
-    checks = {k: v for k, v in dict(max_pixels=args.max_pixels, min_side=args.min_side,
-                                     allow_external_links=args.allow_external_links or None).items() if v is not None}
-    opts = checks | ({"alpha_background": args.alpha_background} if args.alpha_background is not None else {})
-    # the cheap checks (listing, tags, ids, duplicates, headers, links) before any worker or server starts
-    check = ing.check_source(args.source, background=bg, **checks)
-    check.raise_for(args.skip_invalid)
-    if args.alpha_background is not None:
-        ing.parse_colour(args.alpha_background)
-    if check.rejected:
-        print(f"skipping {len(check.rejected)} of {check.listed} listed image(s) (--skip-invalid; the ingest report lists every one):",
-              *check.skipped_lines(), sep="\n", file=sys.stderr)
-
-    from wsseg.flows.runtime import dask_cluster, on_cluster
-    from wsseg.flows.wsss import ingest
-
-    # a clean source's headers were just read: the flow does not read them again (with rejected
-    # images it does, so that it knows them). Absolute paths: the workers of an existing cluster
-    # run in folders of their own
-    root = run_root(args.run_dir)
-    with dask_cluster(args.dask_address, args.workers, root) as address:
-        s = on_cluster(ingest, address)(str(Path(args.source).resolve()), str(root), args.shard_size,
-                                        args.skip_invalid, bg, headers_checked=not check.rejected, **opts)
     print(f"ingested {s['images']} of {s['listed']} listed images ({s['skipped']} skipped, {s['problems']} "
           f"problem(s)), {s['classes']} classes, splits {s['splits']}, implicit background: "
           f"{s['implicit_background']}")
@@ -103,12 +73,10 @@ def cmd_ingest_source(args) -> None:
 
 
 def cmd_refresh(args) -> int:
-    from wsseg.flows.runtime import dask_cluster, on_cluster
-    from wsseg.flows.wsss import refresh
+    from wsseg.flows import api
 
     run = run_root(args.run_dir)
-    with dask_cluster(args.dask_address, args.workers, run) as address:
-        s = on_cluster(refresh, address)(str(run))
+    s = api.refresh(args.run_dir, workers=args.workers, dask_address=args.dask_address)
     if args.json:
         print(json.dumps(s, default=str))
         return 0
@@ -123,14 +91,15 @@ def cmd_refresh(args) -> int:
     return 0
 
 
-def cmd_train(args, base: dict | None = None) -> int:
-    from wsseg.flows.runtime import dask_cluster, on_cluster
-    from wsseg.flows.wsss import train_wsss
+def cmd_train(args) -> int:
+    from wsseg.flows import api
 
-    config = build_config(args, base)
     run = run_root(args.run_dir)
-    with dask_cluster(args.dask_address, args.workers, run) as address:
-        s = on_cluster(train_wsss, address)(str(run), config, address, model_name=args.register)
+    s = api.train(args.run_dir, config=args.config, overrides=parse_sets(args.overrides), rounds=args.rounds,
+                  network=args.network, device=args.device,
+                  backbone_weights=dict(w.partition("=")[::2] for w in args.backbone_weights or []),
+                  recompute=args.recompute, workers=args.workers, dask_address=args.dask_address,
+                  register=args.register)
     if args.json:
         print(json.dumps(s, default=str))
         return 0
@@ -170,11 +139,10 @@ def cmd_demo(args) -> int:
 
 
 def cmd_evaluate(args) -> int:
-    from wsseg.flows.runtime import dask_cluster, on_cluster
-    from wsseg.flows.wsss import evaluate
+    from wsseg.flows import api
 
-    with dask_cluster(args.dask_address, args.workers, run_root(args.run_dir)) as address:
-        res = on_cluster(evaluate, address)(str(run_root(args.run_dir)), args.round, args.split, args.source)
+    res = api.evaluate(args.run_dir, round=args.round, split=args.split, source=args.source, workers=args.workers,
+                       dask_address=args.dask_address)
     if args.json:
         print(json.dumps(res))
         return 0
@@ -188,32 +156,25 @@ def cmd_evaluate(args) -> int:
     for name, v in res["per_class_iou"].items():
         a = res.get("per_class_accuracy", {}).get(name)
         print(f"  {name:>12} {f(v):>6} {f(a):>6} {f(res['per_class_chance_iou'].get(name)):>6}")
+    print("acc.: the share of the class's pixels in the masks labelled as it; chance: its IoU with the same class "
+          "shares placed at random")
     return 0
 
 
 def cmd_status(args) -> int:
-    from wsseg.tasks.report.status import format_status, run_status
-    from wsseg.tasks.store import Store
+    from wsseg.flows import api
+    from wsseg.tasks.report.status import format_status
 
-    store = Store(args.run)  # a URL's scheme checked here
-    store.check_reachable()
-    if not (store.exists() if store.remote else store.root.is_dir()):
-        raise ValueError(f"{args.run}: no such run directory")
-    st = run_status(store)
+    st = api.status(args.run)
     print(json.dumps(st, default=str) if args.json else format_status(st))
     return 0
 
 
 def cmd_export(args) -> int:
-    from wsseg.tasks.labels.export import export_labels
-    from wsseg.tasks.store import Store
+    from wsseg.flows import api
 
-    store = Store(args.run)
-    store.check_reachable()
-    if not (store.exists() if store.remote else store.root.is_dir()):
-        raise ValueError(f"{args.run}: no such run directory")
-    res = export_labels(store, args.out, which=args.round, fmt=args.fmt, images=args.images, force=args.force,
-                        review=args.review)
+    res = api.export(args.run, args.out, fmt=args.fmt, round=args.round, images=args.images, force=args.force,
+                     review=args.review)
     if args.json:
         print(json.dumps(res))
         return 0
@@ -238,22 +199,20 @@ def cmd_export(args) -> int:
     return 0
 
 
-def cmd_review(args) -> int:
-    from wsseg.tasks.labels.export import export_round
-    from wsseg.tasks.labels.review import SIGNALS, review_table
-    from wsseg.tasks.store import Store
+#: what the columns of the review table are, printed under it
+REVIEW_LEGEND = (
+    "score: the mean of the scored signals' ranks among the round's images, 0 to 1 (1: the worst by every one); "
+    "disagreement: share of labelled pixels the round's preliminary network labels otherwise; uncertainty: 1 - its "
+    "mean top probability over the image's tags; changed: share of pixels relabelled since the round before; "
+    "ignore: share left undecided; missing_tags: share of the image's tags with under 1% of its pixels")
 
-    store = Store(args.run)
-    store.check_reachable()
-    if not store.has_corpus():
-        raise ValueError(f"{args.run}: no corpus here (run `wsseg ingest` and `wsseg train` first)")
-    r = export_round(store, args.round)
-    if not store.review_rows(r):
-        print(f"round {r} was computed without the review queue: its signals are computed from the round's stored "
-              "labels once (and kept)", file=sys.stderr)
-    res = review_table(store, r, top=args.top or None)
-    if not res["images"]:
-        raise ValueError(f"{store.root}: round {r} holds no labels to review")
+
+def cmd_review(args) -> int:
+    from wsseg.flows import api
+    from wsseg.tasks.labels.review import SIGNALS
+
+    res = api.review(args.run, round=args.round, top=args.top)
+    r = res["round"]
     if args.json:
         print(json.dumps(res))
         return 0
@@ -268,6 +227,8 @@ def cmd_review(args) -> int:
     print("  ".join(c.ljust(w) for c, w in zip(cols, widths)))
     for t in table:
         print("  ".join(v.ljust(w) for v, w in zip(t, widths)))
+    print(textwrap.fill(REVIEW_LEGEND + ("; iou: the labels' mIoU against the image's mask (measuring only)"
+                                         if measured else ""), 112))
     if res["spearman"] is not None:
         print(f"against the masks (measuring only, {res['measured']} uncorrected images with a mask): Spearman "
               f"correlation of score and per-image IoU {res['spearman']:+.3f} (negative: the worst labels first)")
@@ -284,18 +245,16 @@ def cmd_ui(args) -> int:
 
 # ---------------------------------------------------------------------------- method C and bench train (parsers)
 def cmd_segment(args) -> int:
-    from wsseg.flows.runtime import prefect_api, prepare
+    from wsseg.flows import api
+    from wsseg.flows.runtime import prepare
 
-    prepare(args.out)  # Prefect and MLflow state of `wsseg segment` live in the --out folder (locked: flows.cli)
-    from wsseg.flows.highres import segment
-
+    # Prefect and MLflow state of `wsseg segment` live in the --out folder (locked: flows.cli)
+    prepare(args.out, verbose=args.verbose)
     t0 = time.perf_counter()
     try:
-        with prefect_api() as ready:
-            ready()
-            report = segment([str(p) for p in args.inputs], str(args.model), str(args.out), patch_size=args.patch_size,
-                             overlap=args.overlap, batch=args.batch, device=args.device, fov=args.fov, gate=args.gate,
-                             threads=args.threads)
+        report = api.segment_files(args.inputs, args.model, args.out, patch_size=args.patch_size, overlap=args.overlap,
+                                   batch=args.batch, device=args.device, fov=args.fov, gate=args.gate,
+                                   threads=args.threads)
     except ValueError as e:
         print(f"wsseg segment: error: {e}", file=sys.stderr)
         return 2
@@ -334,5 +293,35 @@ def add_segment_parser(sub) -> argparse.ArgumentParser:
                         "inference.gate, on unless changed; what `bench quality` measures)")
     p.add_argument("--device", default="cpu", help="torch device (default cpu)")
     p.add_argument("--threads", type=int, default=None, help="torch CPU threads (default: torch's)")
+    p.add_argument("--verbose", action="store_true", help="show the libraries' own log lines (Prefect, MLflow)")
     p.set_defaults(func=cmd_segment)
     return p
+
+
+def cmd_check(args) -> int:
+    """``wsseg check``: one line per damaged or missing file (what it holds, the problem, what to
+    do or what --repair did), then a summary line; 1 when something is left for the user to do."""
+    from wsseg.flows import api
+
+    res = api.check(args.run, repair=args.repair)
+    if args.json:
+        print(json.dumps(res))
+        return 0 if res["ok"] else 1
+    done = {d["path"]: d["done"] for d in res["repaired"]}
+    for d in res["damaged"]:
+        what = f"--repair: {done[d['path']]}" if d["path"] in done else d["action"]
+        print(f"{Path(res['run_dir']) / d['path']}: {d['problem']} ({d['holds']}); {what}")
+    size = f"{res['bytes'] / 2 ** 20:.1f} MB"
+    if not res["damaged"]:
+        print(f"all is well: {res['files']} files ({size}) of {res['run_dir']} read and verified")
+        return 0
+    found = f"{len(res['damaged'])} damaged or missing of {res['files']} files ({size}) read"
+    left = len(res["damaged"]) - len(res["repaired"])
+    if res["ok"]:
+        print(f"{found}; repaired: `wsseg train --run-dir {args.run}` computes them again")
+    elif args.repair or left == len(res["from_source"]):
+        print(f"{found}; {left} to bring back from the source (`wsseg ingest SOURCE --run-dir {args.run}`, "
+              f"corrections: `--corrections PATH`)")
+    else:
+        print(f"{found}; `wsseg check --run-dir {args.run} --repair` removes what can be computed again")
+    return 0 if res["ok"] else 1

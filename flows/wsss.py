@@ -23,7 +23,7 @@ from prefect.futures import as_completed
 
 from wsseg.flows.naming import FlowRunName, ShardRunName
 from wsseg.flows.runtime import on_cluster
-from wsseg.tasks.config import WSSSConfig, config_difference, shard_size_for
+from wsseg.tasks.config import WSSSConfig, config_difference, recorded_config, shard_size_for
 from wsseg.tasks.corpus import ingest as ing
 from wsseg.tasks.corpus import resume
 from wsseg.tasks.corpus.encoders import with_weight_digests
@@ -41,6 +41,7 @@ from wsseg.tasks.wsss import refresh as rf
 from wsseg.tasks.wsss import stopping
 from wsseg.tasks.wsss.classifier import train_image_classifier
 from wsseg.tasks.wsss.feature_cache import FEATURE_STAGE, feature_key
+from wsseg.tasks.wsss.recompute import budget_retrains, decision_context, round_fate
 from wsseg.tasks.wsss.segmenter import final_model_config, round_model_config, train_segmenter
 from wsseg.tasks.wsss.summary import (coverage_of, label_shares, markdown_table, reverted_of, row, source_scores,
                                 warnings_markdown)
@@ -300,90 +301,55 @@ def trained_on(store: Store, records: list[ImageRecord], config: WSSSConfig, qui
 
 def keep_round_inputs(store: Store, r: int, inputs: dict, config: WSSSConfig) -> None:
     """Resume round ``r`` only from results computed from ``inputs`` (class list, corpus hash,
-    configuration): when the round recorded other ones, or none though finished (an older
-    wsseg's), it and every later round are removed and computed again, and the terminal says
-    what changed. A change that the round's pseudo-labels do not depend on (the segmentation
-    model, the stopping rule: :data:`tasks.config.MODEL_ONLY`) removes only its model, summary
-    and the later rounds, and one that acts from round 1 on (:data:`tasks.config.FROM_ROUND_1`)
-    leaves round 0 whole (:func:`tasks.corpus.resume.round_view`). A change of the stopping rule
-    alone (:data:`tasks.config.DECISION_ONLY`; ``config``: the run's today) takes a finished round's
+    configuration), as :func:`tasks.wsss.recompute.round_fate` decides: when the round recorded
+    other ones, or none though finished (an older wsseg's), it and every later round are removed
+    and computed again, and the terminal says what changed. A change that the round's
+    pseudo-labels do not depend on (the segmentation model, the stopping rule:
+    :data:`tasks.config.MODEL_ONLY`) removes only its model, summary and the later rounds, and one
+    that acts from round 1 on (:data:`tasks.config.FROM_ROUND_1`) leaves round 0 whole
+    (:func:`tasks.corpus.resume.round_view`). A change of the stopping rule alone
+    (:data:`tasks.config.DECISION_ONLY`; ``config``: the run's today) takes a finished round's
     decision again from its record: where it stands the round is kept whole, its record saying
-    the new rule's reason (:func:`decide_again`). A change of what the final model alone reads
-    (:data:`tasks.config.FINAL_MODEL_ONLY`) keeps every finished round that did not stop the rounds
-    whole; the last one's model is trained again. An unfinished round without a record (one sharing
-    another run's round-0 arrays, as the ablations do) is resumed. The inputs are then recorded."""
+    the new rule's reason (:func:`tasks.wsss.recompute.decision_stands`). A change of what the
+    final model alone reads (:data:`tasks.config.FINAL_MODEL_ONLY`) keeps every finished round that
+    did not stop the rounds whole; the last one's model is trained again. An unfinished round
+    without a record (one sharing another run's round-0 arrays, as the ablations do) is resumed.
+    The inputs are then recorded."""
     recorded = store.round_inputs(r)
-    if recorded is None and store.read_round(r) is None:
-        changed = []
-    else:
-        changed = resume.what_changed(resume.round_view(recorded, r), resume.round_view(inputs, r))
-    done = store.read_round(r) if changed and recorded is not None else None
-    if (done and done.get("stops_rounds") is False and store.has_checkpoint("segmenter", r)
-            and not resume.what_changed(resume.round_view(recorded, r, "round_model"),
-                                        resume.round_view(inputs, r, "round_model"))):
-        store.write_round_inputs(r, inputs)  # not the last round: its segmenter reads none of what changed
-        Progress(f"r{r}", 1).message(f"{'; '.join(changed)} changed since round {r} was computed: it acts on the "
-                                     "final model only; this round is kept")
-        return
-    if (changed and recorded is not None
-            and not resume.what_changed(resume.round_view(recorded, r, "computed"),
-                                        resume.round_view(inputs, r, "computed"))
-            and decide_again(store, r, config, changed)):
+    fate = round_fate(store, r, inputs, config)
+    said = f"{'; '.join(fate.changed)} changed since round {r} was computed"
+    if fate.kind == "final_model":
         store.write_round_inputs(r, inputs)
+        Progress(f"r{r}", 1).message(f"{said}: it acts on the final model only; this round is kept")
         return
-    if changed and recorded is not None and not resume.what_changed(resume.round_view(recorded, r, "labels"),
-                                                                    resume.round_view(inputs, r, "labels")):
+    if fate.kind == "decision":
+        store.write_round(r, (store.read_round(r) or {}) | fate.decision.record())
+        store.write_round_inputs(r, inputs)
+        what = fate.decision.reason or "the rounds go on"
+        Progress(f"r{r}", 1).message(f"{said}: its decision stands ({what}); its labels and model are kept")
+        return
+    if fate.kind == "model":
         gone = store.drop_round_model(r)
         again = f"its model and round(s) {', '.join(map(str, gone))} are" if gone else "its model is"
-        Progress(f"r{r}", 1).message(f"{'; '.join(changed)} changed since round {r} was computed: its pseudo-labels "
-                                     f"do not depend on it and are kept; {again} computed again")
-    elif changed:
+        Progress(f"r{r}", 1).message(f"{said}: its pseudo-labels do not depend on it and are kept; {again} "
+                                     "computed again")
+    elif fate.kind == "rounds":
         gone = store.drop_rounds(r)
-        Progress(f"r{r}", 1).message(f"{'; '.join(changed)} changed since round {r} was computed: round(s) "
-                                     f"{', '.join(map(str, gone))} are computed again")
-    if recorded != inputs or changed:
+        Progress(f"r{r}", 1).message(f"{said}: round(s) {', '.join(map(str, gone))} are computed again")
+    if recorded != inputs or fate.changed:
         store.write_round_inputs(r, inputs)
-
-
-def decision_context(store: Store, r: int, config: WSSSConfig, foreground_on: bool) -> dict:
-    """What round ``r``'s stopping decision reads beside its own figures (:func:`tasks.wsss.stopping.decide`'s
-    keywords): round r-1's tag coverage, whether the corpus has an implicit background, and what round 0
-    started from (the foreground path's start when ``foreground_on``)."""
-    return {"previous_coverage": (store.read_round(r - 1) or {}).get("tag_coverage") if r > 0 else None,
-            "implicit_background": store.classes().background is not None,
-            "start": pl.start_name(config.foreground if foreground_on else None)}
-
-
-def decide_again(store: Store, r: int, config: WSSSConfig, changed: list[str]) -> bool:
-    """Round ``r``'s stopping decision taken again under ``config``'s rule from its record
-    (:func:`tasks.wsss.stopping.decide_again`), the rule having changed since (``changed``, in
-    words): True where the round is finished and the decision stands (whether the rounds stop
-    there, and which round is final), its record then rewritten with the new rule's reason;
-    False where the round must be computed again (its model trained for the other decision)."""
-    done = store.read_round(r)
-    if not done or "stops_rounds" not in done:
-        return False
-    decision = stopping.decide_again(config, r, done,
-                                     **decision_context(store, r, config, pl.foreground_on(store, config)[0]))
-    if decision is None or (decision.stop, decision.final_round) != (done["stops_rounds"], done["final_round"]):
-        return False
-    store.write_round(r, done | decision.record())
-    what = decision.reason or "the rounds go on"
-    Progress(f"r{r}", 1).message(f"{'; '.join(changed)} changed since round {r} was computed: its decision stands "
-                                 f"({what}); its labels and model are kept")
-    return True
 
 
 def settle_budget(store: Store, r: int, config: WSSSConfig, done: dict | None) -> dict | None:
     """Round ``r``'s summary ``done`` under the round budget of ``config`` (``max_rounds``, which
     changes no round's labels): where the budget moved (:func:`tasks.wsss.stopping.budget_moved`) the
     round's decision is the budget's today; its model is trained again where the last round's recipe
-    differs from a round's (the full-budget final model, from round 1 on: the summary and model are
+    differs from a round's (:func:`tasks.wsss.recompute.budget_retrains`: the summary and model are
     removed and None returned), else the summary is rewritten and returned."""
     if not done or not stopping.budget_moved(done, r, config):
         return done
     where = f"round {r} is {'' if r >= config.max_rounds - 1 else 'no longer '}the last"
-    if r > 0 and config.segmentation.final_model == "full_budget" and store.has_checkpoint("segmenter", r):
+    if budget_retrains(store, r, config, done):
         gone = store.drop_round_model(r)
         later = f" (round(s) {', '.join(map(str, gone))} removed)" if gone else ""
         Progress(f"r{r}", 1).message(f"the round budget is {config.max_rounds} now: {where}; its pseudo-labels "
@@ -522,6 +488,7 @@ def train_wsss(run_dir: str, config: WSSSConfig = WSSSConfig(), dask_address: st
                                  f"\n\nMLflow parent run: {link}" + registered + warnings_markdown(warnings),
                                  description="pseudo-label rounds")
     store.write_summary(summary)
+    record_config(store, config)
     return summary
 
 
@@ -570,10 +537,12 @@ def refresh(run_dir: str) -> dict:
 
 
 def check_config(store: Store, config: WSSSConfig) -> None:
-    """Record ``config`` as the run directory's configuration. A run started with another one is
-    not mixed in: the terminal names the fields that differ, and every result computed with them
-    is computed again (the classifier and each round record what they were computed from; see
-    :mod:`tasks.corpus.resume`). The round budget and inference settings change no round."""
+    """Say where ``config`` differs from the run directory's configuration (config.json): a run
+    started with another one is not mixed in, every result computed with the fields that differ is
+    computed again (the classifier and each round record what they were computed from; see
+    :mod:`tasks.corpus.resume`). The round budget, inference settings and where the work runs change
+    no round. ``config`` is recorded only once the training finishes (:func:`record_config`): a
+    command that fails leaves the record as it was."""
     previous = store.read_config()
     # (without a record or a corpus yet every option counts)
     implicit = previous is None or not store.has_corpus() or store.classes().background is not None
@@ -582,6 +551,11 @@ def check_config(store: Store, config: WSSSConfig) -> None:
         Progress("config", 1).message(f"{store.config_path}: the configuration differs from the one this run "
                                       f"directory was computed with (in: {', '.join(diff)}); the results that "
                                       "depend on it are computed again")
-    current = config.model_dump(mode="json")
-    if previous != current:
+
+
+def record_config(store: Store, config: WSSSConfig) -> None:
+    """Record ``config`` as the run directory's configuration (config.json: what a plain `wsseg
+    train` resumes with), without where the work ran (:data:`tasks.config.RUNTIME_ONLY`)."""
+    current = recorded_config(config)
+    if store.read_config() != current:
         store.write_config(current)

@@ -352,10 +352,16 @@ def shard_size_for(n_images: int, shard_size: int, max_shards: int = 2000) -> in
     return max(shard_size, -(-n_images // max_shards))
 
 
+# Where the work runs is not part of what a result depends on: a run directory moved to a GPU
+# machine keeps its finished rounds (a GPU's numbers may differ in the last digits; accepted). Not
+# recorded (config.json, rounds' inputs.json), not compared, not in the configuration's digest; a
+# record of an older wsseg that holds it is read without it (recorded_config).
+RUNTIME_ONLY = ("device",)
+
 # How many rounds to run, how the trained model labels untagged images and how the images are cut
 # into shard tasks change no round's content: a run may be taken further (or stopped earlier), or
 # run with other shards, on the same directory, and its finished rounds are reused.
-NOT_IN_ROUNDS = ("max_rounds", "inference", "shard_size", "max_shards")
+NOT_IN_ROUNDS = ("max_rounds", "inference", "shard_size", "max_shards") + RUNTIME_ONLY
 
 # What a round's pseudo-labels do not depend on, so that a run resumed with another value keeps
 # them and computes again only what does (tasks.corpus.resume.round_view): the segmentation
@@ -499,6 +505,44 @@ def in_effect(config: dict, implicit_background: bool) -> dict:
     if implicit_background or not isinstance(config.get("classifier"), dict):
         return config
     return {**config, "classifier": {k: v for k, v in config["classifier"].items() if k != "background_rule"}}
+
+
+def recorded_config(config: WSSSConfig | dict | None) -> dict | None:
+    """A configuration as a run directory records it (config.json): as JSON, without where the work
+    runs (:data:`RUNTIME_ONLY`); a record of an older wsseg that holds it is read so too.
+
+    >>> recorded_config({"device": "cuda", "seed": 1})
+    {'seed': 1}
+    >>> "device" in recorded_config(WSSSConfig())
+    False
+    """
+    if config is None:
+        return None
+    data = config.model_dump(mode="json") if isinstance(config, BaseModel) else config
+    return {k: v for k, v in data.items() if k not in RUNTIME_ONLY}
+
+
+def changed_options(previous: dict, current: dict, prefix: str = "") -> list[tuple[str, Any, Any]]:
+    """Each option (dotted) in which configuration ``current`` (as JSON) differs from ``previous``,
+    with its value before and now (:data:`NOT_IN_ROUNDS` left out at the top; an
+    :data:`ADDED_OPTIONS` option a record lacks holds its value from before it existed): what a
+    terminal line names.
+
+    >>> changed_options({"classifier": {"epochs": 12, "size": 160}, "seed": 0, "max_rounds": 3},
+    ...                 {"classifier": {"epochs": 8, "size": 160}, "seed": 0, "max_rounds": 5})
+    [('classifier.epochs', 12, 8)]
+    """
+    out = []
+    for k in sorted(set(previous) | set(current)):
+        path = f"{prefix}{k}"
+        if not prefix and k in NOT_IN_ROUNDS:
+            continue
+        a, b = previous.get(k, _MISSING), current.get(k, _MISSING)
+        if isinstance(a, dict) and isinstance(b, dict):
+            out += changed_options(a, b, f"{path}.")
+        elif _differs(a, b, path, previous):
+            out.append((path, None if a is _MISSING else a, None if b is _MISSING else b))
+    return out
 
 
 def config_difference(previous: dict | None, current: WSSSConfig, implicit_background: bool = True) -> list[str]:

@@ -152,7 +152,8 @@ def _segment_new_images(tmp_path, run, src, n_classes):
     segment(images, run, tmp_path / "seg_ungated", gate=False, stats=ungated, log=lambda m: None)
     from wsseg.tasks.store import Store, load_model
 
-    trained = set(load_model(json.loads((run / "summary.json").read_text())["final_model"])[1]["meta"]["trained_classes"])
+    final = Store(run).read_summary()["final_model"]  # summary.json records it relative to the run directory
+    trained = set(load_model(final)[1]["meta"]["trained_classes"])
     tagged = {Store(run).classes().index(t) for r in Store(run).manifest("train") for t in r.tags}
     assert trained == tagged  # the classes the run's training images carry, no other
     for png, image, st in zip(pngs, images, stats):
@@ -165,7 +166,7 @@ def _segment_new_images(tmp_path, run, src, n_classes):
     # a checkpoint away from its run has no classifier: ungated by default, and asking for the gate says why not
     lone = tmp_path / "lone" / "model.pt"
     lone.parent.mkdir()
-    shutil.copy(json.loads((run / "summary.json").read_text())["final_model"], lone)
+    shutil.copy(final, lone)
     segment(images[:1], lone, tmp_path / "seg_lone", stats=(st := []), log=lambda m: None)
     assert not st[0]["gated"]
     with pytest.raises(ValueError, match="image classifier"):

@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import json
+import math
 import os
 import subprocess
 import sys
@@ -44,13 +45,14 @@ def test_status_of_a_run_in_progress(tmp_path):
     assert st["last_error"]["error"] == "ValueError: something"
     text = format_status(st)
     assert "round 1 in progress: preliminary 1/2 shards" in text and "last error" in text
-    # a finished run: each round's tag coverage, and which round's labels are final and why
+    # a finished run: each round's tag coverage as the share it stands for, and which round's labels
+    # are final and why
     store.write_round(0, {"round": 0, "pseudo_label_miou": 0.5, "changed_share": 1.0, "ignore_share": 0.0,
-                          "tag_coverage": -1.25})
+                          "tag_coverage": math.log(0.25)})
     store.write_summary({"final_round": 0, "stop_reason": "tag coverage fell: ...; round 0 is final",
                          "final_model": "m.pt", "converged": False})
     text = format_status(run_status(store))
-    assert "tag coverage -1.250" in text and "final labels: round 0 (tag coverage fell: ...; round 0 is final)" in text
+    assert "tag share 0.250" in text and "final labels: round 0 (tag coverage fell: ...; round 0 is final)" in text
 
 
 @pytest.mark.command("status")

@@ -36,12 +36,37 @@ STD = np.array([0.229, 0.224, 0.225], np.float32)
 IGNORE = 255
 
 
+def device_problem(requested: str) -> str | None:
+    """Why device ``requested`` cannot train here (one line), or None: ``auto``, ``cpu``, ``cuda`` and
+    ``cuda:N`` with CUDA present (N under its device count), ``mps`` where present.
+
+    >>> device_problem("cpu"), device_problem("auto")
+    (None, None)
+    >>> device_problem("gpu")
+    "device 'gpu': not a device wsseg trains on (auto, cpu, cuda, cuda:N, mps)"
+    """
+    if requested in ("auto", "cpu"):
+        return None
+    kind, _, index = requested.partition(":")
+    if kind == "cuda" and (not index or index.isdigit()):
+        if not torch.cuda.is_available():
+            return f"device {requested!r}: CUDA is not available on this machine; use --device cpu or auto"
+        if index and int(index) >= torch.cuda.device_count():
+            return f"device {requested!r}: this machine has {torch.cuda.device_count()} CUDA device(s)"
+        return None
+    if requested == "mps":
+        return None if torch.backends.mps.is_available() else "device 'mps': not available on this machine"
+    return f"device {requested!r}: not a device wsseg trains on (auto, cpu, cuda, cuda:N, mps)"
+
+
 def pick_device(requested: str = "auto") -> torch.device:
-    """``auto``: CUDA when available, else CPU."""
+    """``auto``: CUDA when available, else CPU; a device that is not there is a ValueError
+    (:func:`device_problem`)."""
     if requested == "auto":
         return torch.device("cuda" if torch.cuda.is_available() else "cpu")
-    if requested.startswith("cuda") and not torch.cuda.is_available():
-        raise ValueError(f"device {requested!r} requested but CUDA is not available; use --device cpu or auto")
+    problem = device_problem(requested)
+    if problem:
+        raise ValueError(problem)
     return torch.device(requested)
 
 

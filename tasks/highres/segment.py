@@ -7,6 +7,8 @@
   (:mod:`tasks.highres.fov`);
 * :func:`segment_whole`: a ``small`` or ``fusion`` model of a ``wsseg train`` run labels each
   image whole, gated by the run's image classifier, with an overlay picture per image;
+* :class:`Labeller`: either kind of model, loaded once, labelling images held in memory (the
+  Python API's ``wsseg.segment``: arrays in, label arrays out, no file written);
 * :func:`report`: the per-image figures and the process's memory, what ``segment.json`` holds.
 """
 from __future__ import annotations
@@ -22,7 +24,7 @@ import numpy as np
 from wsseg.tasks.runtime.memory import rss_mb
 from wsseg.tasks.store import files
 
-__all__ = ["segment", "segment_whole", "upsampled_class_shares", "report", "rss_mb", "LARGE_OUTPUT_PIXELS",
+__all__ = ["segment", "segment_whole", "Labeller", "WholeImage", "upsampled_class_shares", "report", "rss_mb", "LARGE_OUTPUT_PIXELS",
            "SPILL_PIXELS"]
 
 LARGE_OUTPUT_PIXELS = 50_000_000
@@ -245,29 +247,10 @@ def segment_whole(paths: Sequence[Path], checkpoint: Path, net, state: dict, out
     (the labels coloured over the image). ``stats`` receives one dict per image (``image``,
     ``size``, ``seconds``, ``gated``, ``class_shares``, ``png``, ``overlay``).
     """
-    from wsseg.models.lite_nets import LiteClassifier
-    from wsseg.models.small import ImageClassifier
-    from wsseg.tasks.common import training as tr
     from wsseg.tasks.report.overlay import overlay, with_legend
-    from wsseg.tasks.store import load_model
-    from wsseg.tasks.wsss.pipeline import ClassifierGate, trained_classes_only
 
-    if isinstance(net, (ImageClassifier, LiteClassifier)):
-        raise ValueError(f"{checkpoint}: a {state.get('builder')!r} model is not a segmentation network; pass a "
-                         "segmenter checkpoint (a run's rounds/rNNN/model.pt), the run directory, or a global_local "
-                         "checkpoint")
-    run = files.run_config(checkpoint)
-    run_gate = bool(run[1].get("inference", {}).get("gate", True)) if run else False
-    gate = run_gate if gate is None else gate
-    clf = None
-    if gate:
-        classifier = files.run_classifier_path(run[0]) if run is not None else None
-        if classifier is None:
-            raise ValueError(f"{checkpoint}: gating needs the run's image classifier (in the run directory, beside "
-                             "its configuration), which was not found; pass --no-gate")
-        clf_model, clf_state = load_model(classifier)
-        clf = ClassifierGate(clf_model, clf_state, run[1].get("classifier", {}).get("cam_scales", (1.0,)))
-    edges = files.edge_params(checkpoint, state.get("meta", {})) if int(state["in_channels"]) == 4 else None
+    whole = WholeImage(checkpoint, net, state, gate)
+    clf = whole.clf
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
     n_classes = int(state["num_classes"])
@@ -277,14 +260,7 @@ def segment_whole(paths: Sequence[Path], checkpoint: Path, net, state: dict, out
     for n, path in enumerate(paths, 1):
         t0 = time.perf_counter()
         image = files.read_image(path)  # a ValueError naming the file when it is not a readable image
-        edge = None
-        if edges is not None:
-            from wsseg.tasks.edges.weighting import feature_region_map
-            edge = feature_region_map(image, sigma=edges["sigma"], tau=edges["tau"])
-        prob = trained_classes_only(tr.predict_probs(net, image, edge), state)
-        if clf is not None:
-            prob = clf(prob, image)
-        labels = prob.argmax(0).astype(np.uint8)
+        labels = whole(image)
         h, w = labels.shape
         png, picture = out_dir / f"{path.stem}.png", out_dir / f"{path.stem}_overlay.png"
         files.write_palette_png(png, h, w, iter([labels]), palette)
@@ -301,3 +277,117 @@ def segment_whole(paths: Sequence[Path], checkpoint: Path, net, state: dict, out
     return written
 
 
+
+
+class WholeImage:
+    """A ``wsseg train`` segmenter (``small``, ``lite``, ``fusion``) labelling one whole image in
+    memory, as ``bench quality`` measures it: flip-averaged class probabilities, weighted by the
+    run's image classifier (its ``classifier`` checkpoint) when ``gate`` (default: the run's
+    ``inference.gate``). ``WholeImage(...)(image) -> (H, W) uint8`` class indices."""
+
+    def __init__(self, checkpoint: Path, net, state: dict, gate: bool | None = None):
+        from wsseg.models.lite_nets import LiteClassifier
+        from wsseg.models.small import ImageClassifier
+        from wsseg.tasks.store import load_model
+        from wsseg.tasks.wsss.pipeline import ClassifierGate
+
+        if isinstance(net, (ImageClassifier, LiteClassifier)):
+            raise ValueError(f"{checkpoint}: a {state.get('builder')!r} model is not a segmentation network; pass "
+                             "a segmenter checkpoint (a run's rounds/rNNN/model.pt), the run directory, or a "
+                             "global_local checkpoint")
+        run = files.run_config(checkpoint)
+        run_gate = bool(run[1].get("inference", {}).get("gate", True)) if run else False
+        gate = run_gate if gate is None else gate
+        self.net, self.state, self.clf = net, state, None
+        if gate:
+            classifier = files.run_classifier_path(run[0]) if run is not None else None
+            if classifier is None:
+                raise ValueError(f"{checkpoint}: gating needs the run's image classifier (in the run directory, "
+                                 "beside its configuration), which was not found; pass --no-gate")
+            clf_model, clf_state = load_model(classifier)
+            self.clf = ClassifierGate(clf_model, clf_state, run[1].get("classifier", {}).get("cam_scales", (1.0,)))
+        self.edges = files.edge_params(checkpoint, state.get("meta", {})) if int(state["in_channels"]) == 4 else None
+
+    def __call__(self, image: np.ndarray) -> np.ndarray:
+        from wsseg.tasks.common import training as tr
+        from wsseg.tasks.wsss.pipeline import trained_classes_only
+
+        edge = None
+        if self.edges is not None:
+            from wsseg.tasks.edges.weighting import feature_region_map
+            edge = feature_region_map(image, sigma=self.edges["sigma"], tau=self.edges["tau"])
+        prob = trained_classes_only(tr.predict_probs(self.net, image, edge), self.state)
+        if self.clf is not None:
+            prob = self.clf(prob, image)
+        return prob.argmax(0).astype(np.uint8)
+
+
+class Labeller:
+    """A trained model, loaded once, labelling images held in memory: ``Labeller(model)(image)``
+    takes an (H, W, 3) uint8 RGB array and returns its (H, W) uint8 class indices; nothing is
+    written. ``model`` is what ``wsseg segment --model`` takes (a checkpoint, a run directory: its
+    final model, or a ``bench highres`` output). A whole-image model labels as
+    :func:`segment_whole` does (``gate`` as there), bit for bit the PNG it writes for the same
+    image; a global-local model as :func:`segment` does (``fov``, ``patch_size``, ``overlap``,
+    ``batch`` as there), at its working scale (the array resized by area, where :func:`segment`
+    decodes a JPEG at that scale: the labels can differ at the few pixels where the two differ) and
+    its labels resized back (nearest).
+    """
+
+    def __init__(self, model: str | os.PathLike, *, device: str = "cpu", gate: bool | None = None,
+                 fov: str = "auto", patch_size: int | None = None, overlap: int | None = None, batch: int = 4):
+        from wsseg.models.global_local import GlobalLocalNet, IMAGENET_MEAN, IMAGENET_STD
+        from wsseg.tasks.store import load_model
+
+        if fov not in ("auto", "none"):
+            raise ValueError(f"fov must be 'auto' or 'none', got {fov!r}")
+        self.checkpoint = files.resolve_checkpoint(model)
+        self.net, self.state = load_model(self.checkpoint, device)
+        meta = self.state.get("meta", {})
+        #: the class names, indexed by the labels' values
+        self.classes: list[str] = list(meta.get("classes") or [])
+        self.whole = None
+        if not isinstance(self.net, GlobalLocalNet):
+            if patch_size is not None or overlap is not None:
+                raise ValueError(f"{self.checkpoint}: a {self.state.get('builder')!r} model labels whole images; "
+                                 "patch_size and overlap apply to global_local models only")
+            self.whole = WholeImage(self.checkpoint, self.net, self.state, gate)
+            return
+        self.scale = float(meta.get("scale", 1.0))
+        self.overlap = int(meta.get("overlap", 0) if overlap is None else overlap)
+        self.patch_size, self.batch, self.device = patch_size, batch, device
+        self.edges = files.edge_params(self.checkpoint, meta) if int(self.state["in_channels"]) == 4 else None
+        self.mean = IMAGENET_MEAN + ((0.5,) if self.edges else ())
+        self.std = IMAGENET_STD + ((1.0,) if self.edges else ())
+        self.fov = "none" if self.classes and self.classes[0] != "background" else fov
+
+    def __call__(self, image: np.ndarray) -> np.ndarray:
+        image = np.asarray(image)
+        if image.ndim != 3 or image.shape[2] != 3 or image.dtype != np.uint8:
+            raise ValueError(f"an image is an (H, W, 3) uint8 RGB array; got {image.dtype} {image.shape}")
+        if self.whole is not None:
+            return self.whole(image)
+        import cv2
+
+        from wsseg.models.global_local import segment_large
+        from wsseg.tasks.highres.fov import fov_or_all
+
+        height, width = image.shape[:2]
+        work = image
+        if self.scale != 1.0:
+            size = (max(1, round(width * self.scale)), max(1, round(height * self.scale)))
+            work = cv2.resize(image, size, interpolation=cv2.INTER_AREA)
+        mask = None
+        if self.fov == "auto":
+            mask, found = fov_or_all(work)
+            mask = mask if found else None
+        if self.edges is not None:
+            from wsseg.tasks.edges.weighting import feature_region_map
+            region = feature_region_map(work, sigma=self.edges["sigma"], tau=self.edges["tau"])
+            work = np.concatenate([work, (region * 255).astype(np.uint8)[..., None]], axis=2)
+        labels = np.empty(work.shape[:2], np.uint8)
+        segment_large(self.net, work, patch_size=self.patch_size, overlap=self.overlap, batch=self.batch,
+                      device=self.device, mean=self.mean, std=self.std, out=labels)
+        if mask is not None:  # outside the field of view: class 0
+            labels *= mask.astype(bool)
+        return np.concatenate(list(_upsample_bands(labels, height, width)), axis=0)

@@ -1,8 +1,11 @@
-"""Where a run directory stands, read from the store alone (``wsseg status``): nothing is started."""
+"""Where a run directory stands, read from the store alone (``wsseg status``): nothing is started,
+nothing is written. Damage it sees on the way (a record that does not parse, a checkpoint missing
+or cut short: :func:`tasks.store.check.visible_damage`) is listed with the ``wsseg check`` that
+reads every byte."""
 from __future__ import annotations
 
 from wsseg.tasks.config import WSSSConfig, shard_size_for
-from wsseg.tasks.store import Store
+from wsseg.tasks.store import DamagedFileError, Store
 
 
 def _live_writer(store: Store) -> dict | None:
@@ -60,16 +63,45 @@ def _refresh_state(store: Store, config: dict, finished: list[int], summary: dic
 
 def run_status(store: Store) -> dict:
     """The corpus (images, classes, splits), the finished rounds with their metrics, the shards done
-    and pending of a round in progress, the store's size, the holder of its lock and the last error."""
+    and pending of a round in progress, the store's size, the holder of its lock, the last error
+    and the damaged files seen on the way (``damaged``: path, what it holds, the problem)."""
+    from wsseg.tasks.store.check import visible_damage
+
     usage = store.usage()
+    damaged = visible_damage(store)
     out: dict = {"run_dir": str(store.root), "corpus": None, "rounds": [], "in_progress": None,
                  "size_mb": round(sum(v["bytes"] for v in usage.values()) / 2 ** 20, 1),
-                 "files": sum(v["files"] for v in usage.values()), "usage": usage, "last_error": store.last_error(),
-                 "writer": _live_writer(store)}
+                 "files": sum(v["files"] for v in usage.values()), "usage": usage, "last_error": None,
+                 "writer": _live_writer(store), "damaged": damaged}
+    out["last_error"] = _unless_damaged(store.last_error)
+    try:
+        _status(store, out)
+    except DamagedFileError as e:  # a file read past what visible_damage looks at: named, the rest left out
+        from pathlib import Path
+
+        from wsseg.tasks.store.damage import holds
+
+        path = Path(e.path)
+        rel = path.relative_to(store.root).as_posix() if path.is_relative_to(str(store.root)) else e.path
+        if not any(d["path"] == rel for d in damaged):
+            damaged.append({"path": rel, "holds": e.what or holds(rel), "problem": e.problem})
+    return out
+
+
+def _unless_damaged(read):
+    """``read()``, or None when the record is damaged (:func:`tasks.store.check.visible_damage` names it)."""
+    try:
+        return read()
+    except DamagedFileError:
+        return None
+
+
+def _status(store: Store, out: dict) -> None:
+    """:func:`run_status`'s parts read from the corpus, the rounds and the summaries, into ``out``."""
     if store.remote:  # what cannot live on object storage (MLflow, Prefect, the lock's flock) lies here
         out["state_dir"] = str(store.state_dir)
     if not store.has_corpus():
-        return out
+        return
     # counts from the manifest's footer (nothing per image read); an older manifest is read whole
     summary = store.corpus_summary()
     if summary is None:
@@ -85,10 +117,13 @@ def run_status(store: Store) -> dict:
     out["corpus"] = {"images": summary["images"], "classes": len(classes.names), "splits": splits,
                      "implicit_background": classes.names[classes.background] if classes.background is not None
                      else None, "corrected": len(store.corrections())}
-    config = store.read_config() or {}
+    config = _unless_damaged(store.read_config) or {}
     finished = store.finished_rounds()
+    seen = {d["path"] for d in out["damaged"]}
     for r in finished:
-        s = store.read_round(r) or {}
+        if f"rounds/r{r:03d}/round.json" in seen:
+            continue
+        s = store.read_round(r, aside=False) or {}
         out["rounds"].append({k: s.get(k) for k in ("round", "pseudo_label_miou", "changed_share", "ignore_share",
                                                     "tag_coverage", "wall_seconds", "train_epochs")})
     unfinished = [r for r in store.rounds() if r not in finished]
@@ -103,14 +138,14 @@ def run_status(store: Store) -> dict:
         out["in_progress"] = {"round": r, "shards": shards,
                               "done": done, "pending": {k: shards - v for k, v in done.items()},
                               "model_trained": store.has_checkpoint("segmenter", r)}
-    out.update(_refresh_state(store, config, finished, recorded))
-    run_summary = store.read_summary()
+    if "config.json" not in seen:  # without the run's configuration nothing can be compared with it
+        out.update(_refresh_state(store, config, finished, recorded))
+    run_summary = _unless_damaged(store.read_summary)
     if run_summary:
         out["final_model"] = run_summary.get("final_model")
         out["converged"] = run_summary.get("converged")
         out["final_round"] = run_summary.get("final_round")
         out["stop_reason"] = run_summary.get("stop_reason")
-    return out
 
 
 def format_status(st: dict) -> str:
@@ -123,10 +158,13 @@ def format_status(st: dict) -> str:
                  f"corpus: {c['images']} images, {c['classes']} classes, splits {c['splits']}, implicit background "
                  f"{c['implicit_background']}" + (f"; {c['corrected']} image(s) corrected by a person (wsseg ingest "
                                                   "--corrections)" if c.get("corrected") else ""))
+    from wsseg.tasks.common.metrics import tag_share
+
     for r in st["rounds"]:
         f = lambda v: "-" if v is None else f"{v:.3f}"  # noqa: E731
         lines.append(f"round {r['round']}: pseudo-label mIoU {f(r['pseudo_label_miou'])}, changed "
-                     f"{f(r['changed_share'])}, ignore {f(r['ignore_share'])}, tag coverage {f(r.get('tag_coverage'))}")
+                     f"{f(r['changed_share'])}, ignore {f(r['ignore_share'])}, tag share "
+                     f"{f(tag_share(r.get('tag_coverage')))}")
     p = st["in_progress"]
     if p:
         lines.append(f"round {p['round']} in progress: preliminary {p['done']['prelim']}/{p['shards']} shards, "
@@ -150,4 +188,8 @@ def format_status(st: dict) -> str:
     if st["last_error"]:
         e = st["last_error"]
         lines.append(f"last error ({e['command']}, {e['at']}): {e['error']}")
+    for d in st.get("damaged") or []:
+        lines.append(f"damaged: {d['path']}: {d['problem']} ({d['holds']})")
+    if st.get("damaged"):
+        lines.append(f"`wsseg check --run-dir {st['run_dir']}` reads every file and says what to do")
     return "\n".join(lines)

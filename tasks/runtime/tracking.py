@@ -11,6 +11,7 @@ registered under a name when one is given.
 """
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import sys
@@ -102,6 +103,31 @@ def flatten(config: dict[str, Any], prefix: str = "") -> dict[str, Any]:
     return out
 
 
+def relocate(db: Path, before: str, artifacts: Path) -> None:
+    """A run directory moved or copied elsewhere: MLflow's records in its ``mlflow.db`` (an
+    experiment's, each run's and logged model's artifact location) and its models' ``MLmodel`` files
+    name the artifacts where they were (``before``, a ``file:`` URI of the old ``mlartifacts``);
+    they are pointed at ``artifacts``, the folder now, so that new runs write their artifacts in
+    the run directory and not where it was (in the original, for a copy), and the MLflow UI finds
+    the old ones. Only values that start with ``before`` change."""
+    import sqlite3
+
+    if not before.startswith("file:"):
+        return
+    after = artifacts.as_uri()
+    with contextlib.closing(sqlite3.connect(db, timeout=60)) as con, con:
+        for (table,) in con.execute("SELECT name FROM sqlite_master WHERE type = 'table'").fetchall():
+            for column in [c[1] for c in con.execute(f'PRAGMA table_info("{table}")') if "CHAR" in c[2].upper()
+                           or "TEXT" in c[2].upper()]:
+                con.execute(f'UPDATE "{table}" SET "{column}" = ? || substr("{column}", ?) WHERE "{column}" = ? '
+                            f'OR substr("{column}", 1, ?) = ?',
+                            (after, len(before) + 1, before, len(before) + 1, before + "/"))
+    for mlmodel in artifacts.rglob("MLmodel"):
+        text = mlmodel.read_text()
+        if before + "/" in text:
+            mlmodel.write_text(text.replace(before + "/", after + "/"))
+
+
 class Tracker:
     """Thin wrapper over an active MLflow run that never stops the work it records.
 
@@ -120,6 +146,8 @@ class Tracker:
             exp = mlflow.get_experiment_by_name(experiment)
             if exp is None:
                 mlflow.create_experiment(experiment, artifact_location=self.artifact_root.as_uri())
+            elif USER_TRACKING_URI is None and exp.artifact_location != self.artifact_root.as_uri():
+                relocate(self.run_dir / "mlflow.db", exp.artifact_location, self.artifact_root)
             self.experiment_id = mlflow.set_experiment(experiment).experiment_id
 
     @contextmanager

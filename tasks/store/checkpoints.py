@@ -3,7 +3,9 @@ that turns a network's weight options into weights (:func:`build_network`).
 
 Every file is written atomically (a temporary file in the same folder, then a rename) and read
 with ``torch.load(weights_only=True)`` (:func:`read_plain`, the one call): a file holds tensors
-and plain data (numbers, strings, lists, dicts), never code. A network is rebuilt from its
+and plain data (numbers, strings, lists, dicts), never code. A torch file is a zip archive whose
+every member carries a CRC-32; torch does not check them, so :func:`read_plain` does first, and a
+changed byte is a :class:`DamagedCheckpointError` instead of wrong weights. A network is rebuilt from its
 checkpoint by a builder taken from the model registry (:func:`models.build_model`) by name, so a
 file cannot name a function to run either. :mod:`models` reads no file: its networks take
 weights as state dicts, which :func:`build_network` reads here from the user's options
@@ -37,10 +39,11 @@ from torch import Tensor, nn
 
 from wsseg.models import efficientnet_lite as el
 from wsseg.models.proposal_mlp import ProposalMLP
+from wsseg.tasks.store.damage import DamagedFileError
 
-__all__ = ["CheckpointError", "read_plain", "read_local", "read_file", "imagenet_weights", "backbone_weights",
-           "build_network", "network_options", "check_network_options", "save_model", "load_model",
-           "save_classifier", "load_classifier", "StateFile"]
+__all__ = ["CheckpointError", "DamagedCheckpointError", "read_plain", "read_local", "read_file", "imagenet_weights",
+           "backbone_weights", "build_network", "network_options", "check_network_options", "save_model",
+           "load_model", "save_classifier", "load_classifier", "StateFile"]
 
 #: builder references of checkpoints written before the registry knew every network by name
 LEGACY_BUILDERS = {"models.small:image_classifier": "image_classifier",
@@ -80,6 +83,39 @@ class CheckpointError(ValueError):
     """A torch file that cannot be used; the message names the file and the problem."""
 
 
+class DamagedCheckpointError(CheckpointError, DamagedFileError):
+    """A torch file that does not read back as written (cut short, a CRC that fails): a
+    :class:`CheckpointError` (its maker computes it again, :meth:`tasks.store.Store.usable_checkpoint`)
+    and a :class:`~tasks.store.damage.DamagedFileError` (its message names ``wsseg check``)."""
+
+
+def _check_crc(source, name) -> None:
+    """Compare every member of the zip archive ``source`` (a torch file: a path or a file object)
+    with its CRC-32; a file that is no zip archive (cut short, an older torch format) is left to
+    ``torch.load``."""
+    import zipfile
+    import zlib
+
+    try:
+        zf = zipfile.ZipFile(source)
+    except (zipfile.BadZipFile, OSError, EOFError, ValueError):
+        if hasattr(source, "seek"):
+            source.seek(0)
+        return
+    try:
+        with zf:
+            bad = zf.testzip()  # the first member whose CRC fails (named without the archive's folder)
+            problem = f"its zip member {str(bad).split('/', 1)[-1]} fails its CRC-32 check (bytes changed since it " \
+                      "was written)"
+    except (zipfile.BadZipFile, OSError, EOFError, ValueError, RuntimeError, zlib.error) as e:
+        bad, problem = True, f"its zip archive does not read ({type(e).__name__}: {e})"
+    finally:
+        if hasattr(source, "seek"):
+            source.seek(0)
+    if bad is not None:
+        raise DamagedCheckpointError(name, f"damaged: {problem}")
+
+
 def _load(source, name, device: str | torch.device = "cpu") -> Any:
     """The one ``torch.load`` of wsseg: ``weights_only=True``, tensors and plain data only; its
     refusals and failures become a :class:`CheckpointError` naming ``name``."""
@@ -92,9 +128,9 @@ def _load(source, name, device: str | torch.device = "cpu") -> Any:
         raise CheckpointError(f"{name}: refused: the file holds more than tensors and plain data, and "
                               f"wsseg never runs code from a file ({first})") from None
     except (OSError, RuntimeError, EOFError, ValueError, KeyError, IndexError) as e:
-        raise CheckpointError(f"{name}: not a readable checkpoint, truncated or not written by torch "
-                              f"({type(e).__name__}: {str(e).strip().splitlines()[0] if str(e).strip() else ''})") \
-            from None
+        first = str(e).strip().splitlines()[0] if str(e).strip() else ""
+        raise DamagedCheckpointError(name, "not a readable checkpoint, truncated or not written by torch "
+                                           f"({type(e).__name__}: {first})") from None
 
 
 def read_plain(source, name, device: str | torch.device = "cpu") -> dict:
@@ -107,6 +143,7 @@ def read_plain(source, name, device: str | torch.device = "cpu") -> dict:
         When the file is cut short, not a torch file, not a dict, or holds anything but tensors
         and plain data (a pickled object or function is refused, never run).
     """
+    _check_crc(source, name)
     state = _load(source, name, device)
     if not isinstance(state, dict):
         raise CheckpointError(f"{name}: not a wsseg checkpoint (a {type(state).__name__}, not a dict)")

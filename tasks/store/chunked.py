@@ -8,7 +8,10 @@ CPU stages' time. Here the same files are written directly: the chunk (``bytes``
 endian, then zstd, zarr 3's defaults) and then ``zarr.json`` with the attributes, so that the
 metadata's ``complete`` attribute is written after the data in one write, not two. zarr reads these
 arrays and this module reads zarr's (``tests/test_store.py`` checks both ways); anything it does
-not write itself (another codec, several chunks) it leaves to zarr.
+not write itself (another codec, several chunks) it leaves to zarr. The zstd frame carries its
+content's checksum (zarr's ``checksum`` option), so a changed byte fails the read: a
+:class:`~tasks.store.damage.DamagedFileError` naming the chunk (arrays of an older wsseg, without
+it, fail only where zstd's own structure does).
 
 Local paths only: on object storage each file is a request either way and zarr's own path is kept.
 Nothing here runs code from a file: JSON, zstd and ``numpy.frombuffer``.
@@ -22,17 +25,19 @@ from pathlib import Path
 import numpy as np
 from numcodecs import Zstd
 
+from wsseg.tasks.store.damage import DamagedFileError
+
 __all__ = ["write", "read", "metadata", "SUPPORTED"]
 
 #: dtypes written directly (others go through zarr): the store's arrays are of these
 SUPPORTED = {np.dtype(t): t for t in ("bool", "uint8", "int8", "uint16", "int16", "uint32", "int32", "uint64",
                                       "int64", "float16", "float32", "float64")}
-_ZSTD = Zstd(level=0)
+_ZSTD = Zstd(level=0, checksum=True)
 
 
 def _codecs(dtype: np.dtype) -> list[dict]:
     bytes_codec = {"name": "bytes"} if dtype.itemsize == 1 else {"name": "bytes", "configuration": {"endian": "little"}}
-    return [bytes_codec, {"name": "zstd", "configuration": {"level": 0, "checksum": False}}]
+    return [bytes_codec, {"name": "zstd", "configuration": {"level": 0, "checksum": True}}]
 
 
 def _chunk_path(path: Path, ndim: int) -> Path:
@@ -78,11 +83,14 @@ def atomic_write(path: Path, data: bytes) -> None:
 
 
 def metadata(path: Path) -> dict | None:
-    """The array's ``zarr.json``, or None when it is missing or unreadable."""
+    """The array's ``zarr.json``, or None when it is missing; :class:`DamagedFileError` when it
+    is not readable JSON."""
     try:
         return json.loads((path / "zarr.json").read_bytes())
-    except (OSError, ValueError):
+    except OSError:
         return None
+    except ValueError as e:
+        raise DamagedFileError(path / "zarr.json", f"damaged: not readable JSON ({e})") from None
 
 
 def read(path: Path, meta: dict) -> np.ndarray | None:
@@ -102,10 +110,15 @@ def read(path: Path, meta: dict) -> np.ndarray | None:
     if len(codecs) != 2 or codecs[0].get("name") != "bytes" or codecs[1].get("name") != "zstd" or \
             codecs[0].get("configuration", {}).get("endian", "little") != "little":
         return None
+    chunk = _chunk_path(path, len(shape))
     try:
-        raw = _chunk_path(path, len(shape)).read_bytes()
+        raw = chunk.read_bytes()
     except FileNotFoundError:
         return np.full(shape, meta.get("fill_value", 0), dtype)
-    # a bytearray: the array is writable, as zarr's are
-    data = np.frombuffer(bytearray(_ZSTD.decode(raw)), dtype=dtype.newbyteorder("<") if dtype.itemsize > 1 else dtype)
-    return data.astype(dtype, copy=False).reshape(shape)
+    try:  # a bytearray: the array is writable, as zarr's are
+        data = np.frombuffer(bytearray(_ZSTD.decode(raw)), dtype=dtype.newbyteorder("<") if dtype.itemsize > 1
+                             else dtype)
+        return data.astype(dtype, copy=False).reshape(shape)
+    except (RuntimeError, ValueError) as e:
+        raise DamagedFileError(chunk, f"damaged: does not decode to its {dtype} array {shape} "
+                                      f"({str(e).strip() or type(e).__name__})") from None

@@ -272,8 +272,8 @@ def resolve_checkpoint(model: str | os.PathLike) -> Path:
             final = json.loads(summary.read_text()).get("final_model")
         except (json.JSONDecodeError, AttributeError) as e:
             raise ValueError(f"{summary}: not a readable `wsseg train` summary ({e})") from e
-        if final:
-            final = _as_path(final)
+        if final:  # relative to the run directory (an older wsseg's: absolute, maybe of where the run was)
+            final = _as_path(final) if "://" in final or os.path.isabs(final) else folder / final
             moved = folder / "rounds" / final.parent.name / final.name
             for candidate in (final, moved):
                 if candidate.is_file():

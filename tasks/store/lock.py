@@ -62,11 +62,20 @@ def _describe(h: dict) -> str:
 
 
 class RunLock:
-    """Exclusive lock of a run directory for one command (a context manager)."""
+    """Exclusive lock of a run directory for one command (a context manager).
+
+    With ``reentrant=True``, a lock of a folder this process already holds is counted, not refused:
+    the CLI holds the run directory's lock while the Python API function it calls (which a library
+    user calls directly) takes it again (``flock`` would refuse the second open file of the same
+    process). Without it, a second holder in the same process is refused as any other."""
+
+    #: folders whose lock this process holds, with how many holders
+    _held: dict[str, int] = {}
 
     def __init__(self, root: str | os.PathLike, command: str, *, stream=None, remote=None,
-                 option: str = "--run-dir"):
+                 option: str = "--run-dir", reentrant: bool = False):
         self.path = Path(root) / LOCK_NAME
+        self.reentrant = reentrant
         #: what the refusal tells a second writer to change (the command's option that names the folder)
         self.option = option
         #: the lock object of a run directory on object storage (a UPath), None for a local one
@@ -86,6 +95,11 @@ class RunLock:
 
     def acquire(self) -> None:
         self.path.parent.mkdir(parents=True, exist_ok=True)
+        key = str(self.path.resolve())
+        if self.reentrant and RunLock._held.get(key):
+            RunLock._held[key] += 1
+            self._fd = -1  # held by an outer holder of this process: release() only counts down
+            return
         fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o644)
         try:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
@@ -104,6 +118,7 @@ class RunLock:
         os.pwrite(fd, json.dumps(info).encode(), 0)
         os.fsync(fd)
         self._fd = fd
+        RunLock._held[key] = 1
         if self.remote is not None:
             try:
                 self._acquire_remote(info | {"state_dir": str(self.path.parent)})
@@ -138,6 +153,12 @@ class RunLock:
     def release(self) -> None:
         if self._fd is None:
             return
+        key = str(self.path.resolve())
+        RunLock._held[key] = RunLock._held.get(key, 1) - 1
+        if self._fd == -1:
+            self._fd = None
+            return
+        RunLock._held.pop(key, None)
         if self.remote is not None and self._info is not None:
             try:  # only our own object: a writer that took over a lock we held too long keeps its own
                 if self.holder() == self._info:

@@ -4,9 +4,13 @@ A *pack group* is a folder of one kind of per-image array (a round's preliminary
 pseudo-labels, the feature cache of one key). A shard task writes all its images' arrays as one
 pack: ``packs/<shard>.<token>.pack``, the arrays' zstd-compressed bytes one after another, then
 ``<shard>.<token>.keys`` (when it was written and a 64-bit hash of each name), then
-``<shard>.<token>.json``, its index (name -> offset, length, dtype, shape, attributes), written
-last: a pack without its index does not exist for readers, so a shard cut short leaves nothing
-half-written. ``packs.json`` beside ``packs/`` holds the group's
+``<shard>.<token>.json``, its index (name -> offset, length, dtype, shape, attributes; the blake2b
+digests of the pack's bytes and of the entries), written last: a pack without its index does not
+exist for readers, so a shard cut short leaves nothing half-written. Each array is one zstd frame
+carrying its content's checksum, so a reader notices a changed byte of what it reads (a
+:class:`~tasks.store.damage.DamagedFileError` naming the pack); ``wsseg check`` compares whole packs
+with their digests (:func:`verify`). Packs of an older wsseg, without checksums or digests, still
+read. ``packs.json`` beside ``packs/`` holds the group's
 *generation*, a token that changes when entries are dropped, so that a long-lived process
 (a Dask worker) knows its in-memory index is out of date.
 
@@ -36,12 +40,14 @@ import numpy as np
 from numcodecs import Zstd
 
 from wsseg.tasks.store import chunked
+from wsseg.tasks.store.damage import DamagedFileError
 from wsseg.tasks.store.remote import is_local, listdir
 
-__all__ = ["PackWriter", "GroupIndex", "index_of", "drop", "usage", "forget", "INDEX_FILE"]
+__all__ = ["PackWriter", "GroupIndex", "index_of", "drop", "usage", "forget", "verify", "remove_packs", "INDEX_FILE"]
 
 INDEX_FILE = "packs.json"
-_ZSTD = Zstd(level=0)
+#: each array one zstd frame with its content's checksum (XXH64), verified by every decode
+_ZSTD = Zstd(level=0, checksum=True)
 _DTYPES = {np.dtype(t).str: np.dtype(t) for t in ("bool", "uint8", "int8", "uint16", "int16", "uint32", "int32",
                                                       "uint64", "int64", "float16", "float32", "float64")}
 
@@ -65,6 +71,16 @@ def _read_range(path, offset: int, length: int) -> bytes:
             f.seek(offset)
             return f.read(length)
     return path.fs.cat_file(path.path, start=offset, end=offset + length)
+
+
+def _digest(data: bytes) -> str:
+    return hashlib.blake2b(data, digest_size=16).hexdigest()
+
+
+def _entries_digest(entries: dict) -> str:
+    """The digest of a pack index's entries, as its JSON is written (``wsseg check`` parses the
+    index and compares)."""
+    return _digest(json.dumps(entries, separators=(",", ":")).encode())
 
 
 def name_hash(name: str) -> int:
@@ -113,10 +129,12 @@ class PackWriter:
             _write_bytes(gen, json.dumps({"generation": secrets.token_hex(8), "format": 1}).encode())
         written = time.time_ns()
         keys = _keys_file(written, index)
-        _write_bytes(folder / f"{stem}.pack", b"".join(chunks))
+        data = b"".join(chunks)
+        _write_bytes(folder / f"{stem}.pack", data)
         _write_bytes(folder / f"{stem}.keys", keys)
-        meta = json.dumps({"pack": f"{stem}.pack", "written": written, "bytes": offset,
-                           "entries": index}, separators=(",", ":")).encode()
+        meta = json.dumps({"pack": f"{stem}.pack", "written": written, "bytes": offset, "blake2b": _digest(data),
+                           "entries_blake2b": _entries_digest(index), "entries": index},
+                          separators=(",", ":")).encode()
         _write_bytes(folder / f"{stem}.json", meta)  # the index last: it makes the pack visible
         ix = _INDEXES.get(str(self.group))
         if ix is not None:  # this process reads what it wrote
@@ -172,10 +190,15 @@ class GroupIndex:
         new = []
         for n in names:
             stem = n[:-len(".json")]
+            path = self.group / "packs" / f"{stem}.keys"
             try:  # the keys are written before the index: an index listed has its keys
-                raw = np.frombuffer((self.group / "packs" / f"{stem}.keys").read_bytes(), "<u8").astype(np.uint64)
+                raw = np.frombuffer(path.read_bytes(), "<u8").astype(np.uint64)
             except OSError:
                 continue  # removed meanwhile: the next look sees what is there
+            except ValueError:
+                raise DamagedFileError(path, "damaged: not a whole number of 8-byte keys") from None
+            if not len(raw):
+                raise DamagedFileError(path, "damaged: empty")
             new.append((n, int(raw[0]), raw[1:]))
         self.add(new)
 
@@ -200,10 +223,13 @@ class GroupIndex:
         if d is not None:
             self._parsed.move_to_end(slot)
             return d
+        path = self.group / "packs" / self.packs[slot]
         try:
-            d = json.loads((self.group / "packs" / self.packs[slot]).read_bytes())
-        except (OSError, ValueError):
+            d = json.loads(path.read_bytes())
+        except OSError:
             return None
+        except ValueError as e:
+            raise DamagedFileError(path, f"damaged: not readable JSON ({e})") from None
         self._parsed[slot] = d
         while len(self._parsed) > self.OPEN:
             self._parsed.popitem(last=False)
@@ -266,15 +292,16 @@ class GroupIndex:
                 self.refresh()
                 return {n: v for n in found if (v := self._read_fresh(n)) is not None}
             for n, e in items:
-                out[n] = (_decode(parts[n], e), dict(e[5]))
+                out[n] = (_decode(parts[n], e, path), dict(e[5]))
         return out
 
     def _read_fresh(self, name: str) -> tuple[np.ndarray, dict] | None:
         e = self._find(name)
         if e is None:
             return None
+        path = self.group / "packs" / e[0]
         try:
-            return _decode(_read_range(self.group / "packs" / e[0], e[1], e[2]), e), dict(e[5])
+            return _decode(_read_range(path, e[1], e[2]), e, path), dict(e[5])
         except FileNotFoundError:
             return None
 
@@ -288,10 +315,19 @@ def _keys_file(written: int, names: Iterable[str]) -> bytes:
     return np.concatenate([np.array([written], np.uint64), _hashes(names)]).astype("<u8").tobytes()
 
 
-def _decode(raw: bytes, e: tuple) -> np.ndarray:
+def _decode(raw: bytes, e: tuple, path=None) -> np.ndarray:
+    """The array of entry ``e`` from its bytes ``raw``; :class:`DamagedFileError` naming ``path``
+    (the pack) when they are cut short or do not decode to it (a checksum fails)."""
     dtype = np.dtype(e[3])
-    data = np.frombuffer(bytearray(_ZSTD.decode(raw)), dtype=dtype)
-    return data.astype(dtype.newbyteorder("="), copy=False).reshape(e[4])
+    if len(raw) != e[2]:
+        raise DamagedFileError(path, f"damaged: cut short ({len(raw)} of the {e[2]} bytes of an entry at "
+                                     f"offset {e[1]})")
+    try:
+        data = np.frombuffer(bytearray(_ZSTD.decode(raw)), dtype=dtype)
+        return data.astype(dtype.newbyteorder("="), copy=False).reshape(e[4])
+    except (RuntimeError, ValueError) as exc:
+        raise DamagedFileError(path, f"damaged: an entry at offset {e[1]} does not decode "
+                                     f"({str(exc).strip() or type(exc).__name__})") from None
 
 
 #: group path -> its index in this process
@@ -337,6 +373,8 @@ def drop(group, names: Iterable[str]) -> int:
             continue
         for name in gone:
             d["entries"].pop(name)
+        if "entries_blake2b" in d:
+            d["entries_blake2b"] = _entries_digest(d["entries"])
         removed += len(gone)
         stem = n[:-len(".json")]
         _write_bytes(folder / f"{stem}.keys", _keys_file(d["written"], d["entries"]))
@@ -345,6 +383,88 @@ def drop(group, names: Iterable[str]) -> int:
         _write_bytes(group / INDEX_FILE, json.dumps({"generation": secrets.token_hex(8), "format": 1}).encode())
     forget(group)
     return removed
+
+
+def _remove_file(path) -> None:
+    if is_local(path):
+        path.unlink(missing_ok=True)
+    elif path.exists():
+        path.fs.rm(path.path)
+
+
+def verify(group) -> list[dict]:
+    """Every pack of ``group`` read whole and checked against what its index recorded: its bytes
+    against their digest (a pack of an older wsseg, without one: every entry decoded), its length,
+    its keys against its entries, its entries against their digest. One dict per pack: ``stem``,
+    ``files`` (its file names), ``bytes`` (read), ``names`` (its entries; empty when its index
+    does not read), ``problem`` (None when sound) and ``file`` (the file the problem is in). A pack
+    without an index (a shard cut short before it) does not exist for readers and is left out."""
+    folder = group / "packs"
+    listed = {n for n in listdir(folder) if not n.startswith(".")}
+    out = []
+    for stem in sorted(n[:-len(".json")] for n in listed if n.endswith(".json")):
+        files = [f"{stem}{s}" for s in (".pack", ".keys", ".json") if f"{stem}{s}" in listed]
+        rec = {"stem": stem, "files": files, "bytes": 0, "names": [], "problem": None, "file": None}
+        out.append(rec)
+
+        def bad(suffix: str, problem: str) -> None:
+            rec["problem"], rec["file"] = problem, f"{stem}{suffix}"
+
+        raw = (folder / f"{stem}.json").read_bytes()
+        rec["bytes"] += len(raw)
+        try:
+            d = json.loads(raw)
+            entries = d["entries"]
+            rec["names"] = list(entries)
+        except (ValueError, KeyError, TypeError) as e:
+            bad(".json", f"damaged: its index is not readable JSON ({e})")
+            continue
+        if "entries_blake2b" in d and _entries_digest(entries) != d["entries_blake2b"]:
+            bad(".json", "damaged: its index differs from the digest recorded when it was written")
+            continue
+        if f"{stem}.keys" not in listed:
+            bad(".keys", "missing: the keys of a pack its index names")
+            continue
+        keys = (folder / f"{stem}.keys").read_bytes()
+        rec["bytes"] += len(keys)
+        if keys != _keys_file(d.get("written", 0), entries):
+            bad(".keys", "damaged: its keys differ from its index's entries")
+            continue
+        if f"{stem}.pack" not in listed:
+            bad(".pack", "missing: the pack its index names")
+            continue
+        data = (folder / f"{stem}.pack").read_bytes()
+        rec["bytes"] += len(data)
+        if len(data) != d.get("bytes", len(data)):
+            bad(".pack", f"damaged: {'cut short' if len(data) < d['bytes'] else 'longer than written'} "
+                         f"({len(data)} of the {d['bytes']} bytes its index records)")
+        elif "blake2b" in d:
+            if _digest(data) != d["blake2b"]:
+                bad(".pack", "damaged: its bytes differ from the digest recorded when it was written")
+        else:  # an older wsseg's pack: as far as its format tells, every entry decoded
+            for name, (off, length, dt, shape, attrs) in entries.items():
+                try:
+                    _decode(data[off:off + length], (None, off, length, dt, tuple(shape), attrs),
+                            folder / f"{stem}.pack")
+                except DamagedFileError as e:
+                    bad(".pack", e.problem)
+                    break
+    return out
+
+
+def remove_packs(group, stems: Iterable[str], names: Iterable[str] = ()) -> None:
+    """Remove the packs ``stems`` of ``group`` (each index first: the pack is gone for readers at
+    once) and the entries ``names`` from every other pack of the group (an older pack holding one
+    would otherwise be read in its place), then change the group's generation."""
+    if not group.exists():
+        forget(group)
+        return
+    drop(group, names)
+    for stem in stems:
+        for suffix in (".json", ".keys", ".pack"):
+            _remove_file(group / "packs" / f"{stem}{suffix}")
+    _write_bytes(group / INDEX_FILE, json.dumps({"generation": secrets.token_hex(8), "format": 1}).encode())
+    forget(group)
 
 
 def usage(group) -> tuple[int, int]:

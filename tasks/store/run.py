@@ -71,6 +71,7 @@ import zarr
 from wsseg.tasks.store import chunked, packs
 from wsseg.tasks.store.checkpoints import (StateFile, load_classifier, load_model, save_classifier,
                                      save_model)
+from wsseg.tasks.store.damage import DamagedFileError
 from wsseg.tasks.store.remote import entries, is_local, is_remote_url, local_copy, remote_root, state_dir_for
 
 _ID_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]*$")
@@ -156,13 +157,13 @@ def _write_json(path: Path, data: dict, indent: int | None = 1) -> Path:
 
 
 def _read_json(path: Path) -> dict | None:
-    """A JSON state file, or None when there is none; a damaged one is named."""
+    """A JSON state file, or None when there is none; a damaged one is a :class:`DamagedFileError`."""
     if not path.exists():
         return None
     try:
         return json.loads(path.read_text())
     except ValueError as e:
-        raise ValueError(f"{path}: not readable JSON ({e})") from None
+        raise DamagedFileError(path, f"not readable JSON ({e})") from None
 
 
 class Store:
@@ -277,10 +278,19 @@ class Store:
             if meta is None or not meta.get("attributes", {}).get("complete", False):
                 return None
             arr = chunked.read(group / name, meta)
-            return arr if arr is not None else zarr.open_array(self._zarr(group / name), mode="r")[...]
+            return arr if arr is not None else self._zarr_read(group / name)
         if not self._has_array(group, name):
             return None
-        return zarr.open_array(self._zarr(group / name), mode="r")[...]
+        return self._zarr_read(group / name)
+
+    def _zarr_read(self, path: Path) -> np.ndarray:
+        """The data of the Zarr array at ``path`` read by zarr (on object storage, or a codec
+        :mod:`tasks.store.chunked` leaves to it); :class:`DamagedFileError` when it does not decode."""
+        try:
+            return zarr.open_array(self._zarr(path), mode="r")[...]
+        except (RuntimeError, ValueError) as e:
+            raise DamagedFileError(path, f"damaged: does not decode ({str(e).strip() or type(e).__name__})") \
+                from None
 
     def _has_array(self, group: Path, name: str) -> bool:
         meta = group / name / "zarr.json"
@@ -399,6 +409,7 @@ class Store:
         """``corpus/ingest_report.json``: what an ingest listed, ingested and rejected (and why)."""
         path = self.corpus_dir / "ingest_report.json"
         _write_json(path, report)
+        self.record_corpus_usage()  # written after the manifest's count: `wsseg status` counts it too
         return path
 
     def drop_images(self, image_ids: Iterable[str]) -> None:
@@ -423,20 +434,29 @@ class Store:
         """``{"images": n, "splits": {split: {"images": k, "hash": corpus_hash}}}`` from the
         manifest's footer (no row read), or None for a manifest written before it was recorded."""
         path = self.corpus_dir / "manifest.parquet"
-        if is_local(path):
-            schema = pq.read_schema(path)
-        else:
-            with path.fs.open(path.path, "rb") as f:
-                schema = pq.read_schema(f)
-        raw = (schema.metadata or {}).get(b"wsseg")
-        return json.loads(raw) if raw else None
+        try:
+            if is_local(path):
+                schema = pq.read_schema(path)
+            else:
+                with path.fs.open(path.path, "rb") as f:
+                    schema = pq.read_schema(f)
+            raw = (schema.metadata or {}).get(b"wsseg")
+            return json.loads(raw) if raw else None
+        except FileNotFoundError:
+            raise
+        except (pa.ArrowException, OSError, ValueError) as e:
+            raise DamagedFileError(path, f"damaged: its footer does not read ({str(e).strip()[:200]})") from None
 
     def has_corpus(self) -> bool:
         return (self.corpus_dir / "manifest.parquet").exists()
 
     def classes(self) -> ClassSpec:
-        d = json.loads((self.corpus_dir / "classes.json").read_text())
-        return ClassSpec(tuple(d["names"]), d["background"])
+        path = self.corpus_dir / "classes.json"
+        try:
+            d = json.loads(path.read_text())
+            return ClassSpec(tuple(d["names"]), d["background"])
+        except (ValueError, KeyError, TypeError) as e:
+            raise DamagedFileError(path, f"damaged: not the class list's JSON ({type(e).__name__}: {e})") from None
 
     def manifest(self, split: str | None = None) -> list[ImageRecord]:
         path = self.corpus_dir / "manifest.parquet"
@@ -457,6 +477,15 @@ class Store:
     def has_stored_image(self, image_id: str) -> bool:
         """Whether an image array of ``image_id`` is stored, whatever its content."""
         return (self.corpus_dir / "images.zarr" / image_id / "zarr.json").exists()
+
+    @staticmethod
+    def _stored_attrs(meta: Path) -> dict:
+        """The attributes of the array whose metadata is ``meta``; none when it is missing or
+        damaged (an ingest then decodes the image again and writes it anew)."""
+        try:
+            return json.loads(meta.read_text()).get("attributes", {})
+        except (OSError, ValueError, AttributeError):
+            return {}
 
     def put_image(self, image_id: str, image: np.ndarray, sha256: str, staged: bool = False) -> None:
         """Store an image; ``staged``: into the staging area, where it waits for
@@ -497,13 +526,13 @@ class Store:
     def image_shape(self, image_id: str) -> tuple[int, ...]:
         """Shape of a stored image, read from its metadata (no decoding)."""
         meta = self.corpus_dir / "images.zarr" / image_id / "zarr.json"
-        return tuple(json.loads(meta.read_text())["shape"])
+        try:
+            return tuple(json.loads(meta.read_text())["shape"])
+        except (ValueError, KeyError, TypeError) as e:
+            raise DamagedFileError(meta, f"damaged: not an array's metadata ({type(e).__name__}: {e})") from None
 
     def has_image(self, image_id: str, sha256: str) -> bool:
-        meta = self.corpus_dir / "images.zarr" / image_id / "zarr.json"
-        if not meta.exists():
-            return False
-        attrs = json.loads(meta.read_text()).get("attributes", {})
+        attrs = self._stored_attrs(self.corpus_dir / "images.zarr" / image_id / "zarr.json")
         return attrs.get("complete", False) and attrs.get("sha256") == sha256
 
     def image(self, image_id: str) -> np.ndarray:
@@ -520,10 +549,7 @@ class Store:
     def has_stored_mask(self, image_id: str, sha256: str) -> bool:
         """Whether the mask of ``image_id`` is stored, read from a file with this sha256 (an
         ingest again of an unchanged mask then decodes nothing)."""
-        meta = self.corpus_dir / "masks.zarr" / image_id / "zarr.json"
-        if not meta.exists():
-            return False
-        attrs = json.loads(meta.read_text()).get("attributes", {})
+        attrs = self._stored_attrs(self.corpus_dir / "masks.zarr" / image_id / "zarr.json")
         return attrs.get("complete", False) and attrs.get("sha256") == sha256
 
     def mask(self, image_id: str) -> np.ndarray | None:
@@ -667,7 +693,9 @@ class Store:
             from wsseg.tasks.store.remote import replace
 
             replace(path, path.with_name(path.name + ".damaged"))
-            print(f"  [store] {e}; moved aside to {path.name}.damaged and computed again", file=sys.stderr, flush=True)
+            what = f"{e.path}: {e.problem}" if isinstance(e, DamagedFileError) else e
+            print(f"  [store] {what}; moved aside to {path.name}.damaged and computed again", file=sys.stderr,
+                  flush=True)
             return None
 
     def write_model(self, kind: str, model: torch.nn.Module, r: int | None = None, *, name: str | None = None,
@@ -712,11 +740,48 @@ class Store:
     def summary_path(self) -> Path:
         return self.root / "summary.json"
 
+    #: the summary's paths of files in the run directory: recorded relative to it, so that a run
+    #: directory moved or copied elsewhere names its own files (read back under where it is now)
+    SUMMARY_PATHS = ("final_model",)
+
+    def relative(self, path: str | os.PathLike) -> str:
+        """``path`` relative to the run directory when it lies inside it (as a record keeps it),
+        else as it is (a file outside the run: a user's input)."""
+        text, root = str(path), str(self.root).rstrip("/")
+        return text[len(root) + 1:] if text.startswith(root + "/") else text
+
+    def located(self, recorded: str) -> str:
+        """A path a record of this run directory holds, where it is now: a relative one under the
+        run directory; an absolute one of an older wsseg's record that names a round's file
+        (``.../rounds/rNNN/model.pt``) under this run directory when the run was moved, else as it is."""
+        if "://" not in recorded and not os.path.isabs(recorded):
+            return str(self.root / recorded)
+        parts = recorded.split("/")
+        if "rounds" in parts and not recorded.startswith(str(self.root).rstrip("/") + "/"):
+            moved = self.root.joinpath(*parts[len(parts) - 1 - parts[::-1].index("rounds"):])
+            if moved.exists():
+                return str(moved)
+        return recorded
+
     def write_summary(self, summary: dict) -> Path:
-        return _write_json(self.summary_path, summary)
+        """The run's summary (summary.json), its paths in the run directory recorded relative to it
+        and without the run directory's own (:data:`SUMMARY_PATHS`, :meth:`read_summary`)."""
+        record = {k: v for k, v in summary.items() if k != "run_dir"}
+        for k in self.SUMMARY_PATHS:
+            if isinstance(record.get(k), str):
+                record[k] = self.relative(record[k])
+        return _write_json(self.summary_path, record)
 
     def read_summary(self) -> dict | None:
-        return _read_json(self.summary_path)
+        """The run's summary with ``run_dir`` (where the run directory is now) and its paths under it."""
+        summary = _read_json(self.summary_path)
+        if summary is None:
+            return None
+        out = summary | {"run_dir": str(self.root)}
+        for k in self.SUMMARY_PATHS:
+            if isinstance(out.get(k), str):
+                out[k] = self.located(out[k])
+        return out
 
     def write_last_error(self, command: str, message: str) -> None:
         """Record the error that ended ``command`` (``wsseg status`` shows it)."""
@@ -793,11 +858,11 @@ class Store:
                 walk("other", self.root / name)
         return out
 
-    def lock(self, command: str):
+    def lock(self, command: str, reentrant: bool = False):
         """The run directory's writer lock (:class:`tasks.store.lock.RunLock`), for ``with``: the
         ``flock`` of the state folder, and for a URL a lock object in the run directory too."""
         from wsseg.tasks.store.lock import RunLock
-        return RunLock(self.state_dir, command, remote=self.root if self.remote else None)
+        return RunLock(self.state_dir, command, remote=self.root if self.remote else None, reentrant=reentrant)
 
     def finished_rounds(self) -> list[int]:
         """Indices of the rounds whose summary is written (a round in progress is not among them)."""
@@ -1019,15 +1084,18 @@ class Store:
     def write_round(self, r: int, summary: dict) -> None:
         _write_json(self.round_dir(r) / "round.json", summary)
 
-    def read_round(self, r: int) -> dict | None:
+    def read_round(self, r: int, aside: bool = True) -> dict | None:
         """Round ``r``'s summary, or None when the round is not finished. A damaged summary is
-        named on the terminal and moved aside: the round is then finished again."""
+        named on the terminal and moved aside: the round is then finished again (``aside=False``,
+        for a reader that changes nothing: a :class:`DamagedFileError`)."""
         p = self.round_dir(r) / "round.json"
         if not p.exists():
             return None
         try:
             return json.loads(p.read_text())
         except ValueError as e:
+            if not aside:
+                raise DamagedFileError(p, f"not readable JSON ({e})") from None
             from wsseg.tasks.store.remote import replace
 
             replace(p, p.with_name(p.name + ".damaged"))
@@ -1045,18 +1113,25 @@ class Store:
         """A Parquet file: locally a temporary file renamed into place, remotely one put."""
         if not is_local(path):
             sink = pa.BufferOutputStream()
-            pq.write_table(table, sink)
+            pq.write_table(table, sink, write_page_checksum=True)
             path.write_bytes(sink.getvalue().to_pybytes())
             return
         path.parent.mkdir(parents=True, exist_ok=True)
         tmp = path.with_name(f".{path.name}.tmp")
-        pq.write_table(table, tmp)
+        pq.write_table(table, tmp, write_page_checksum=True)
         os.replace(tmp, path)
 
     def _read_parquet(self, path: Path) -> pa.Table:
-        if is_local(path):
-            return pq.read_table(path)
-        return pq.read_table(pa.BufferReader(path.read_bytes()))
+        """A Parquet table; :class:`DamagedFileError` when it does not read (the pages' CRC-32 are
+        checked where the file carries them: those this store writes do)."""
+        try:
+            if is_local(path):
+                return pq.read_table(path, page_checksum_verification=True)
+            return pq.read_table(pa.BufferReader(path.read_bytes()), page_checksum_verification=True)
+        except FileNotFoundError:
+            raise
+        except (pa.ArrowException, OSError) as e:
+            raise DamagedFileError(path, f"damaged: not a readable Parquet table ({str(e).strip()[:200]})") from None
 
 
 def sparse_to_arrays(m: sp.csr_matrix) -> dict[str, np.ndarray]:

@@ -56,6 +56,16 @@ def classifier_builder(cfg: ClassifierConfig) -> tuple[str, dict]:
     return "lite_classifier", {"variant": cfg.encoder, "stride": cfg.stride}
 
 
+def classifier_changes(meta: dict, cfg: ClassifierConfig, inputs: dict | None) -> list[str]:
+    """What differs between a trained classifier's checkpoint metadata ``meta`` and the settings
+    ``cfg`` and ``inputs`` (:func:`tasks.corpus.resume.classifier_inputs`) of now, one phrase each;
+    empty when it is kept. How its maps are read (:data:`tasks.config.CAM_READING`) is not how it
+    was trained: those settings keep it."""
+    wanted = cfg.model_dump(mode="json")
+    return ((["its settings"] if settings_changed(meta.get("config", wanted), cfg, "classifier", CAM_READING)
+             else []) + (what_changed(meta.get("inputs"), inputs) if inputs is not None else []))
+
+
 def train_image_classifier(store: Store, records: list[ImageRecord], cfg: ClassifierConfig, *, seed: int,
                            device: str = "auto", log: Callable[[dict, int], None] | None = None,
                            inputs: dict | None = None) -> float:
@@ -72,10 +82,7 @@ def train_image_classifier(store: Store, records: list[ImageRecord], cfg: Classi
     saved = store.usable_checkpoint("classifier")  # read once: its metadata says how it was trained
     if saved is not None:
         meta = saved.get("meta", {})
-        # how its maps are read (CAM_READING) is not how it was trained: those settings keep it
-        changed = (["its settings"] if settings_changed(meta.get("config", wanted), cfg, "classifier", CAM_READING)
-                   else []) + \
-            (what_changed(meta.get("inputs"), inputs) if inputs is not None else [])
+        changed = classifier_changes(meta, cfg, inputs)
         if not changed:
             return meta.get("seconds", 0.0)
         Progress("classifier", 1).message(f"{store.checkpoint_path('classifier')}: {'; '.join(changed)} "
