@@ -135,13 +135,26 @@ def config_args(p: argparse.ArgumentParser, resume: bool = False) -> None:
 
 def run_configuration(run_dir) -> dict:
     """The configuration a run directory's results were computed with (RUN/config.json, without where
-    the work ran), as JSON; empty (the defaults) for a run directory without one."""
+    the work ran), as JSON. A run whose first `train` was stopped before its end has no config.json
+    yet (it is written when a train finishes): then the configuration its newest finished round
+    recorded (inputs.json: every field but the round budget, from its decision when the budget ended
+    the rounds, and the inference settings); empty (the defaults) for a run directory with neither."""
     from wsseg.tasks.config import recorded_config
     from wsseg.tasks.store import Store
 
     if run_dir is None:
         return {}
-    return recorded_config(Store(run_dir).read_config()) or {}
+    store = Store(run_dir)
+    recorded = recorded_config(store.read_config())
+    if recorded is None:
+        for r in reversed(store.finished_rounds()):
+            recorded = recorded_config(((store.round_inputs(r) or {}).get("config")))
+            if recorded:
+                done = store.read_round(r) or {}
+                if done.get("stops_rounds") and str(done.get("stop_reason") or "").startswith("round budget"):
+                    recorded["max_rounds"] = r + 1  # the budget ended the rounds there: it was r + 1
+                break
+    return recorded or {}
 
 
 def check_device(device: str | None) -> None:

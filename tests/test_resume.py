@@ -176,3 +176,24 @@ def test_a_moved_run_directory_names_its_own_files_and_resumes(first_run, tmp_pa
              and str(old).encode() in p.read_bytes()]
     assert named == []
     assert json.loads((new / "summary.json").read_text())["final_model"] == "rounds/r000/model.pt"
+
+
+def test_a_run_stopped_before_its_config_was_recorded_resumes_with_its_rounds_configuration(tiny_run, tmp_path):
+    """config.json is written when a train finishes: a first train stopped before (a SIGKILL after
+    round 0) has none, and a plain `train` then resumes with what the finished rounds recorded (the
+    round budget from the budget's decision), refusing nothing, rather than with the defaults."""
+    from wsseg.flows import cli
+    from wsseg.flows.cli_common import build_config, refuse_discarding, run_configuration
+    from wsseg.tasks.config import WSSSConfig
+
+    run = shutil.copytree(tiny_run, tmp_path / "run", symlinks=True, ignore=shutil.ignore_patterns(
+        ".prefect", "mlflow.db", "mlartifacts", "dask-scratch", ".wsseg.lock", "config.json", "summary.json"))
+    conf = run_configuration(run)
+    assert conf["classifier"]["epochs"] == TINY["classifier"]["epochs"] and conf["max_rounds"] == TINY["max_rounds"]
+    ns = cli.parser().parse_args(["train", "--run-dir", str(run)])
+    config = build_config(ns)
+    assert config.classifier == WSSSConfig.model_validate(TINY).classifier
+    refuse_discarding(ns, config)  # nothing would be computed again: no refusal
+    ns = cli.parser().parse_args(["train", "--run-dir", str(run), "--defaults"])
+    with pytest.raises(ValueError, match="would compute finished results again"):
+        refuse_discarding(ns, build_config(ns))
