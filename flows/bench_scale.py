@@ -237,7 +237,6 @@ def measure_size(data: str, root: Path, n: int, workers: int, rounds: int, overr
     load = [os.getloadavg()[0]]
     rep = replicate(data, source, n, split, workers, root)
     out: dict = {"images": n, "workers": workers, "run_dir": str(run), "source": rep, "steps": {}, "failed": []}
-    argv_of = None
     with Cluster(base / "cluster", workers) as cluster:
         _say(f"N={n}: Dask cluster at {cluster.address} ({workers} single-threaded worker(s))")
         argv_of = commands(source, run, export, cluster.address, rounds, overrides, config)
@@ -275,9 +274,10 @@ def measure_size(data: str, root: Path, n: int, workers: int, rounds: int, overr
 # ============================================================================ the benchmark
 def bench_scale(data: str, root: str, sizes: list[int], workers: int, rounds: int, out: str,
                 overrides: list[str] | None = None, config: str | None = None, split: str = "train",
-                keep: bool = False, interval: float = 0.3) -> dict:
+                keep: bool = False, interval: float = 0.3, source_images: int | None = None) -> dict:
     """Every size of ``sizes`` measured (:func:`measure_size`), the largest compared with the
-    smallest; writes ``out`` (JSON) and returns the result."""
+    smallest; writes ``out`` (JSON) and returns the result. ``source_images``: how many images
+    ``data`` lists (a size that is not a whole multiple of it holds another mix of them)."""
     t0 = time.perf_counter()
     root_p = Path(root).resolve()
     per_size = {}
@@ -290,6 +290,7 @@ def bench_scale(data: str, root: str, sizes: list[int], workers: int, rounds: in
     ratios = ts.compare(per_size[small], per_size[large]) if small != large else []
     res = {"data": str(Path(data).resolve()), "run_dir": str(root_p), "sizes": sizes, "workers": workers,
            "rounds": rounds, "overrides": list(overrides or []), "config": config, "interval_s": interval,
+           "source_images": source_images,
            "per_size": per_size, "compared": [int(small), int(large)] if ratios else None, "ratios": ratios,
            "load_average": {n: s["load_average"] for n, s in per_size.items()},
            "cpu_count": os.cpu_count(), "wall_seconds": time.perf_counter() - t0,

@@ -385,14 +385,15 @@ def cmd_bench_scale(args) -> int:
     if not Path(args.data).is_dir():
         raise ValueError(f"{args.data}: no such directory (--data: a dataset folder to replicate)")
     config = build_config(args, {})  # a bad --set or --config fails now, before anything starts
-    ing.check_source(args.data, headers=False).raise_for(False)
+    check = ing.check_source(args.data, headers=False)
+    check.raise_for(False)
     run = Path(args.run_dir).resolve()
     out = (Path(args.out) if args.out else run / "scale.json").resolve()
     from wsseg.flows.bench_scale import bench_scale
 
     res = bench_scale(str(args.data), str(run), sizes, args.workers, args.rounds, str(out),
                       overrides=args.overrides, config=str(Path(args.config).resolve()) if args.config else None,
-                      split=config.split, keep=args.keep, interval=args.interval)
+                      split=config.split, keep=args.keep, interval=args.interval, source_images=len(check.items))
     print_result(args, res, format_summary(res), out)
     return 1 if any(s["failed"] for s in res["per_size"].values()) else 0
 

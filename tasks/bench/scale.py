@@ -621,6 +621,11 @@ def format_summary(res: dict) -> str:
         lines += [""] + format_size(n, s)
     if res.get("ratios"):
         a, b = res["compared"]
+        m = res.get("source_images")
+        if m and any(n % m for n in (a, b)):
+            lines += ["", f"note: the source lists {m} images and N={a} and N={b} are not both whole multiples of "
+                          f"{m}: the two corpora hold other mixes of them, and a per-image cost that depends on "
+                          "the image moves with the mix, not only with N"]
         lines += ["", f"ratios N={b} / N={a} (same command)",
                   f"{'figure':<28} {'N=' + str(a):>10} {'N=' + str(b):>10} {'ratio':>7}  target"]
         for r in res["ratios"]:
