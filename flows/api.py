@@ -77,8 +77,9 @@ def need_corpus(run_dir: PathLike) -> None:
     """A ValueError saying what to run first when the run directory holds no corpus."""
     from wsseg.tasks.store import Store
 
-    if not Store(run_dir).has_corpus():
-        raise ValueError(f"{Store(run_dir).root}: no corpus here; run `wsseg ingest SOURCE --run-dir {run_dir}` first")
+    store = Store(run_dir)
+    if not store.has_corpus():
+        raise ValueError(f"{store.root}: no corpus here; run `wsseg ingest SOURCE --run-dir {run_dir}` first")
 
 
 def need_round(run_dir: PathLike) -> None:

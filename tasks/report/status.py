@@ -121,7 +121,7 @@ def _status(store: Store, out: dict) -> None:
     finished = store.finished_rounds()
     seen = {d["path"] for d in out["damaged"]}
     for r in finished:
-        if f"rounds/r{r:03d}/round.json" in seen:
+        if store.relative(store.round_summary_path(r)) in seen:
             continue
         s = store.read_round(r, aside=False) or {}
         out["rounds"].append({k: s.get(k) for k in ("round", "pseudo_label_miou", "changed_share", "ignore_share",
@@ -138,7 +138,7 @@ def _status(store: Store, out: dict) -> None:
         out["in_progress"] = {"round": r, "shards": shards,
                               "done": done, "pending": {k: shards - v for k, v in done.items()},
                               "model_trained": store.has_checkpoint("segmenter", r)}
-    if "config.json" not in seen:  # without the run's configuration nothing can be compared with it
+    if store.relative(store.config_path) not in seen:  # without the run's configuration nothing compares with it
         out.update(_refresh_state(store, config, finished, recorded))
     run_summary = _unless_damaged(store.read_summary)
     if run_summary:

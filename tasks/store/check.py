@@ -81,10 +81,7 @@ class _Checker:
 
     # ------------------------------------------------------------------ helpers
     def rel(self, path) -> str:
-        try:
-            return Path(str(path)).relative_to(str(self.root)).as_posix()
-        except ValueError:
-            return str(path)
+        return self.store.relative(path)
 
     def add(self, path, problem: str, action: str, **kw) -> _Finding:
         f = _Finding(path, problem, action, **kw)
@@ -336,7 +333,7 @@ class _Checker:
         if _linked(folder):
             return
         again, kw = self.derived(r), {"round": r, "summary": True}
-        summary = self.json_record(folder / "round.json", again, **kw)
+        summary = self.json_record(store.round_summary_path(r), again, **kw)
         inputs = self.json_record(folder / "inputs.json", f"--repair removes round {r} and the later ones; the next "
                                   "`wsseg train` computes them again (what it was computed from is unknown)",
                                   summary=True, drop_from=r)
@@ -429,7 +426,7 @@ class _Checker:
                 where = f"round {f.round}" if f.round is not None else "the run"
                 f.done = f"{where} marked unfinished; {again}"
         for r in sorted(rounds):
-            path = store.round_dir(r) / "round.json"
+            path = store.round_summary_path(r)
             if path.exists():
                 path.unlink()
         if any(f.summary for f in self.found) and store.summary_path.exists():
@@ -546,7 +543,7 @@ def visible_damage(store: Store) -> list[dict]:
     for r in store.rounds():
         if _linked(store.round_dir(r)):
             continue
-        done, inputs = parse(store.round_dir(r) / "round.json"), parse(store.round_dir(r) / "inputs.json")
+        done, inputs = parse(store.round_summary_path(r)), parse(store.round_dir(r) / "inputs.json")
         want = _expected(store, r, done, inputs) if isinstance(done, dict) else []
         for name in _ROUND_CHECKPOINTS:
             torch_file(store.round_dir(r) / name, name in want)

@@ -864,9 +864,13 @@ class Store:
         from wsseg.tasks.store.lock import RunLock
         return RunLock(self.state_dir, command, remote=self.root if self.remote else None, reentrant=reentrant)
 
+    def round_summary_path(self, r: int) -> Path:
+        """Round ``r``'s summary (``round.json``): written when the round is finished."""
+        return self.round_dir(r) / "round.json"
+
     def finished_rounds(self) -> list[int]:
         """Indices of the rounds whose summary is written (a round in progress is not among them)."""
-        return [r for r in self.rounds() if (self.round_dir(r) / "round.json").exists()]
+        return [r for r in self.rounds() if self.round_summary_path(r).exists()]
 
     def rounds(self) -> list[int]:
         """Indices of the rounds that have a folder (finished or not), ascending."""
@@ -1025,7 +1029,7 @@ class Store:
         later round and the run's table of rounds, keeping round ``r``'s preliminary results,
         corpus classifiers and pseudo-labels; returns the later rounds' indices removed."""
         for path in (self.checkpoint_path("segmenter", r), self.train_state("segmenter", r).path,
-                     self.round_dir(r) / "round.json"):
+                     self.round_summary_path(r)):
             if path.exists():
                 path.unlink()
         gone = self.drop_rounds(r + 1)
@@ -1082,13 +1086,13 @@ class Store:
         return rows
 
     def write_round(self, r: int, summary: dict) -> None:
-        _write_json(self.round_dir(r) / "round.json", summary)
+        _write_json(self.round_summary_path(r), summary)
 
     def read_round(self, r: int, aside: bool = True) -> dict | None:
         """Round ``r``'s summary, or None when the round is not finished. A damaged summary is
         named on the terminal and moved aside: the round is then finished again (``aside=False``,
         for a reader that changes nothing: a :class:`DamagedFileError`)."""
-        p = self.round_dir(r) / "round.json"
+        p = self.round_summary_path(r)
         if not p.exists():
             return None
         try:
