@@ -14,9 +14,10 @@ import os
 
 os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")  # before torch loads OpenMP: see tasks/__init__.py
 import inspect
-from typing import Callable, Sequence
+from typing import TYPE_CHECKING, Callable, Sequence
 
-from torch import nn
+if TYPE_CHECKING:
+    from torch import nn
 
 def _registry() -> dict[str, tuple[Callable[..., nn.Module], str]]:
     from wsseg.models.fusion_net import fusion_net
@@ -35,6 +36,17 @@ def _registry() -> dict[str, tuple[Callable[..., nn.Module], str]]:
     }
 
 
+#: every registered name, known without importing the builders (and torch): a configuration is
+#: checked against it on load (``tests/test_lite_nets.py`` checks it against the registry)
+NAMES = ("lite", "small", "fusion", "global_local", "image_classifier", "lite_classifier")
+
+
+def check_name(name: str) -> None:
+    """Raise a one-line ``ValueError`` unless ``name`` is a registered network."""
+    if name not in NAMES:
+        raise ValueError(f"unknown model {name!r}; choose one of: {', '.join(NAMES)}")
+
+
 #: the segmentation networks a user may name (``wsseg train --network``)
 SEGMENTATION_NETWORKS = ("lite", "small", "fusion", "global_local")
 
@@ -45,10 +57,8 @@ def available() -> dict[str, str]:
 
 
 def builder(name: str) -> Callable[..., nn.Module]:
-    reg = _registry()
-    if name not in reg:
-        raise ValueError(f"unknown model {name!r}; choose one of: {', '.join(reg)}")
-    return reg[name][0]
+    check_name(name)
+    return _registry()[name][0]
 
 
 def option_names(name: str) -> tuple[str, ...]:

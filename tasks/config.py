@@ -246,6 +246,11 @@ class SegmentationConfig(BaseModel):
     @model_validator(mode="after")
     def _options_fit_the_model(self) -> "SegmentationConfig":
         # at load time, not after the classifier's hours: {'width': 16} was small's option, not lite's
+        if not self.options:  # no option to refuse: the name alone, without loading torch (`wsseg status`)
+            from wsseg.models import check_name
+
+            check_name(self.model)
+            return self
         from wsseg.tasks.store.checkpoints import check_network_options
 
         check_network_options(self.model, self.options)

@@ -218,3 +218,12 @@ def test_an_option_an_older_wsseg_did_not_record_is_no_change_while_it_keeps_its
     del no_prior["prior_source"]
     assert cfg.prior_source == "labels" and config_difference(no_prior, cfg) == ["prior_source"]
     assert config_difference(no_prior, cfg.model_copy(update={"prior_source": "cam"})) == []
+
+
+def test_the_names_known_without_torch_are_the_registry():
+    """`models.NAMES` checks a configuration's network without importing the builders (and torch)."""
+    import wsseg.models as models
+
+    assert set(models.NAMES) == set(models.available())
+    with pytest.raises(ValueError, match="unknown model 'nope'; choose one of: lite, small"):
+        models.check_name("nope")

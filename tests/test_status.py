@@ -64,3 +64,21 @@ def test_status_command_json(tmp_path):
     st = json.loads(out.stdout)
     assert st["in_progress"]["round"] == 1 and st["corpus"]["images"] == 4
     assert not (store.root / ".prefect").exists()  # status starts nothing
+
+
+#: what `wsseg status` must not load: torch alone took 1.3 of its 1.8 s (issue 54: status under 1 s)
+HEAVY = ("torch", "cv2", "prefect", "mlflow", "dask", "distributed", "zarr", "scipy")
+
+
+def test_status_of_a_finished_run_loads_no_heavy_library(tiny_run):
+    """`wsseg status` of a finished run (its rounds, checkpoints, summary read) imports none of
+    :data:`HEAVY`: the command's time is then Python's start and its file reads."""
+    code = ("import json, sys\nfrom wsseg.flows.cli import main\ntry:\n    rc = main(['status', sys.argv[1], '--json'])\n"
+            "except SystemExit as e:\n    rc = e.code\n"
+            f"print(json.dumps({{'rc': rc, 'loaded': [m for m in {HEAVY!r} if m in sys.modules]}}))")
+    out = subprocess.run([sys.executable, "-c", code, str(tiny_run)], cwd=ROOT, capture_output=True, text=True,
+                         timeout=120)
+    assert out.returncode == 0, out.stderr
+    *status, last = out.stdout.strip().splitlines()
+    assert json.loads("\n".join(status))["rounds"]  # it read the finished rounds
+    assert json.loads(last) == {"rc": 0, "loaded": []}

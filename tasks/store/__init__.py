@@ -14,8 +14,6 @@ Everything else asks it: ``store.image(id)``, ``store.write_pseudo(round, id, la
   networks built (:func:`build_network`: the ``pretrained`` option read into weights) and
   rebuilt from the registry by name.
 """
-from wsseg.tasks.store.checkpoints import (CheckpointError, StateFile, build_network, imagenet_weights, load_classifier,
-                                     load_model, read_file, save_classifier, save_model)
 from wsseg.tasks.store.damage import DamagedFileError
 from wsseg.tasks.store.lock import RunLock, RunLockedError
 from wsseg.tasks.store.remote import RemoteStoreError
@@ -28,3 +26,16 @@ __all__ = ["Store", "RunLock", "RunLockedError", "RemoteStoreError", "DamagedFil
            "load_classifier", "save_classifier", "read_file", "MANIFEST_SCHEMA", "arrays_to_sparse", "sparse_to_arrays",
            "params_key", "records_by_id", "shard_records", "sha256_file", "valid_id", "corpus_hash"]
 from wsseg.tasks.store import files  # noqa: E402,F401  (user files: images, masks, label PNGs, run lookup)
+
+#: the names of :mod:`tasks.store.checkpoints`, imported on first use: that module loads torch
+#: (1.3 s here), which `wsseg status`, `--help` and the library's light calls never need
+_CHECKPOINT_NAMES = frozenset({"CheckpointError", "StateFile", "build_network", "imagenet_weights", "load_classifier",
+                               "load_model", "read_file", "save_classifier", "save_model"})
+
+
+def __getattr__(name: str):
+    if name in _CHECKPOINT_NAMES:
+        from wsseg.tasks.store import checkpoints
+
+        return getattr(checkpoints, name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

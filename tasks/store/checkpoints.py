@@ -38,6 +38,7 @@ import torch
 from torch import Tensor, nn
 
 from wsseg.models import efficientnet_lite as el
+from wsseg.tasks.store.remote import as_path
 from wsseg.models.proposal_mlp import ProposalMLP
 from wsseg.tasks.store.damage import DamagedFileError
 
@@ -51,17 +52,8 @@ LEGACY_BUILDERS = {"models.small:image_classifier": "image_classifier",
                    "models.global_local:global_local": "global_local"}
 
 
-def _as_path(path: Any) -> Path:
-    """A local path as :class:`pathlib.Path`; a remote UPath (or an fsspec URL) as a UPath."""
-    from wsseg.tasks.store.remote import is_local, is_remote_url, remote_root
-
-    if is_local(path) or hasattr(path, "fs"):
-        return path
-    return remote_root(str(path)) if is_remote_url(path) else Path(path)
-
-
 def _atomic_save(obj: Any, path: str | os.PathLike) -> Path:
-    path = _as_path(path)
+    path = as_path(path)
     if not isinstance(path, Path):  # object storage: one put, whole or not at all
         buffer = io.BytesIO()
         torch.save(obj, buffer)
@@ -168,7 +160,7 @@ def read_file(path: str | os.PathLike, device: str | torch.device = "cpu") -> di
         When the file is missing, cut short, not a torch file, or holds anything but tensors
         and plain data (a pickled object or function is refused, never run).
     """
-    path = _as_path(path)
+    path = as_path(path)
     if not path.is_file():
         raise CheckpointError(f"{path}: no such checkpoint file")
     return read_plain(path if isinstance(path, Path) else io.BytesIO(path.read_bytes()), path, device)
@@ -368,7 +360,7 @@ def load_model(path: str | os.PathLike, device: str | torch.device = "cpu") -> t
     of metadata). The builder comes from the registry by name, never from the file."""
     from wsseg import models
 
-    path = _as_path(path)
+    path = as_path(path)
     state = read_file(path, device)
     if "builder" not in state or "model" not in state:
         raise CheckpointError(f"{path}: not a wsseg model checkpoint (no 'builder' entry); pass a file "
@@ -401,7 +393,7 @@ def save_classifier(path: str | os.PathLike, model: nn.Module | None, **extra: A
 
 def load_classifier(path: str | os.PathLike) -> dict:
     """The content of :func:`save_classifier`'s file with ``model`` rebuilt (eval mode) or None."""
-    path = _as_path(path)
+    path = as_path(path)
     state = read_file(path)
     if state.get("kind") != "proposal_mlp":
         raise CheckpointError(f"{path}: not a wsseg corpus classifier (no kind 'proposal_mlp')")
@@ -425,7 +417,7 @@ class StateFile:
     over, and says so through ``on_damaged``); ``save(state)`` replaces it atomically."""
 
     def __init__(self, path: str | os.PathLike):
-        self.path = _as_path(path)
+        self.path = as_path(path)
 
     def __repr__(self) -> str:
         return f"StateFile({str(self.path)!r})"

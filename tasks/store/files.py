@@ -22,7 +22,7 @@ from typing import Iterable, Sequence
 
 import numpy as np
 
-from wsseg.tasks.store.checkpoints import _as_path
+from wsseg.tasks.store.remote import as_path
 from wsseg.tasks.store.run import Store, _atomic_write_text
 
 __all__ = ["read_image", "image_size", "read_mask", "write_jpeg", "write_rgb_png", "dataset_ids",
@@ -102,7 +102,7 @@ def write_jpeg(path: str | os.PathLike, image: np.ndarray, quality: int = 95) ->
 def write_rgb_png(path: str | os.PathLike, image: np.ndarray) -> Path:
     """An (H, W, 3) uint8 RGB picture as a PNG."""
     import cv2
-    path = _as_path(path)
+    path = as_path(path)
     if not isinstance(path, Path):  # on object storage: encoded here, one put
         ok, data = cv2.imencode(".png", np.ascontiguousarray(image[..., ::-1]))
         if not ok:
@@ -257,7 +257,7 @@ def resolve_checkpoint(model: str | os.PathLike) -> Path:
     ValueError
         Naming the path and what was looked for, when nothing usable is found.
     """
-    path = _as_path(model)  # a URL (a run directory on object storage) too
+    path = as_path(model)  # a URL (a run directory on object storage) too
     if not path.exists():
         raise ValueError(f"--model {path}: no such file or directory; pass a checkpoint (.pt), a `wsseg train` "
                          "run directory or a `wsseg bench highres` output")
@@ -273,7 +273,7 @@ def resolve_checkpoint(model: str | os.PathLike) -> Path:
         except (json.JSONDecodeError, AttributeError) as e:
             raise ValueError(f"{summary}: not a readable `wsseg train` summary ({e})") from e
         if final:  # relative to the run directory (an older wsseg's: absolute, maybe of where the run was)
-            final = _as_path(final) if "://" in final or os.path.isabs(final) else folder / final
+            final = as_path(final) if "://" in final or os.path.isabs(final) else folder / final
             moved = folder / "rounds" / final.parent.name / final.name
             for candidate in (final, moved):
                 if candidate.is_file():
@@ -309,7 +309,7 @@ def run_config(checkpoint: str | os.PathLike) -> tuple[Path, dict] | None:
 
 def _parents(path: str | os.PathLike) -> list:
     """The folders above ``path``, nearest first (resolved when local)."""
-    path = _as_path(path)
+    path = as_path(path)
     return list(path.resolve().parents) if isinstance(path, Path) else list(path.parents)
 
 

@@ -150,6 +150,13 @@ def remote_root(url: str):
     return UPath(str(url).rstrip("/"), **storage_options(protocol))
 
 
+def as_path(path: Any) -> Path:
+    """A local path as :class:`pathlib.Path`; a remote UPath (or an fsspec URL) as a UPath."""
+    if is_local(path) or hasattr(path, "fs"):
+        return path
+    return remote_root(str(path)) if is_remote_url(path) else Path(path)
+
+
 def probe(root) -> None:
     """Check that a remote run directory's store answers (its bucket exists), in one request.
 

@@ -58,19 +58,19 @@ import sys
 import tempfile
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Iterable, Iterator, Sequence
-
-import torch
+from typing import TYPE_CHECKING, Any, Iterable, Iterator, Sequence
 
 import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
-import scipy.sparse as sp
-import zarr
+
+if TYPE_CHECKING:  # torch, zarr and scipy load only where they are used: `wsseg status` reads none of them
+    import scipy.sparse as sp
+    import torch
+    import zarr
+    from wsseg.tasks.store.checkpoints import StateFile
 
 from wsseg.tasks.store import chunked, packs
-from wsseg.tasks.store.checkpoints import (StateFile, load_classifier, load_model, save_classifier,
-                                     save_model)
 from wsseg.tasks.store.damage import DamagedFileError
 from wsseg.tasks.store.remote import entries, is_local, is_remote_url, local_copy, remote_root, state_dir_for
 
@@ -234,7 +234,9 @@ class Store:
 
         return FsspecStore.from_url(str(path), storage_options=dict(path.storage_options))
 
-    def _group(self, path: Path, mode: str = "a") -> zarr.Group:
+    def _group(self, path: Path, mode: str = "a") -> "zarr.Group":
+        import zarr
+
         if not self.remote:
             path.parent.mkdir(parents=True, exist_ok=True)
         try:
@@ -265,6 +267,8 @@ class Store:
         if not self.remote and chunked.writable(arr):  # the same files as zarr's, without its machinery
             chunked.write(group / name, arr, {**(attrs or {}), "complete": True} if marked else attrs)
             return
+        import zarr
+
         a = zarr.create_array(self._zarr(group / name), shape=arr.shape, dtype=arr.dtype, chunks=arr.shape,
                               overwrite=True, fill_value=0, attributes=None if marked else attrs)
         a[...] = arr
@@ -286,6 +290,8 @@ class Store:
     def _zarr_read(self, path: Path) -> np.ndarray:
         """The data of the Zarr array at ``path`` read by zarr (on object storage, or a codec
         :mod:`tasks.store.chunked` leaves to it); :class:`DamagedFileError` when it does not decode."""
+        import zarr
+
         try:
             return zarr.open_array(self._zarr(path), mode="r")[...]
         except (RuntimeError, ValueError) as e:
@@ -646,6 +652,8 @@ class Store:
             if arr is not None:
                 out[name] = arr
                 continue
+            import zarr
+
             try:  # an older run directory's per-image part: the marker, written after every part, vouches for it
                 out[name] = zarr.open_array(self._zarr(base / k), mode="r")[...]
             except (FileNotFoundError, KeyError, zarr.errors.BaseZarrError) as e:
@@ -701,10 +709,12 @@ class Store:
     def write_model(self, kind: str, model: torch.nn.Module, r: int | None = None, *, name: str | None = None,
                     **spec) -> Path:
         """Save a network (see :func:`tasks.store.checkpoints.save_model` for ``spec``)."""
+        from wsseg.tasks.store.checkpoints import save_model
         return save_model(self.checkpoint_path(kind, r, name=name), model, **spec)
 
     def read_model(self, kind: str, r: int | None = None, *, name: str | None = None,
                    device: str | torch.device = "cpu") -> tuple[torch.nn.Module, dict]:
+        from wsseg.tasks.store.checkpoints import load_model
         return load_model(self.checkpoint_path(kind, r, name=name), device)
 
     def model_meta(self, kind: str, r: int | None = None, *, name: str | None = None) -> dict:
@@ -714,13 +724,17 @@ class Store:
 
     def write_classifier(self, kind: str, r: int, model, **extra) -> Path:
         """A round's corpus classifier (``mil`` or ``proposal_classifier``) and plain data."""
+        from wsseg.tasks.store.checkpoints import save_classifier
         return save_classifier(self.checkpoint_path(kind, r), model, **extra)
 
     def read_classifier(self, kind: str, r: int) -> dict:
+        from wsseg.tasks.store.checkpoints import load_classifier
         return load_classifier(self.checkpoint_path(kind, r))
 
     def train_state(self, kind: str, r: int | None = None, *, name: str | None = None) -> StateFile:
         """The resumable training state of checkpoint ``kind`` (beside it, ``*.train_state.pt``)."""
+        from wsseg.tasks.store.checkpoints import StateFile
+
         path = self.checkpoint_path(kind, r, name=name)
         return StateFile(path.with_name(f"{path.stem}.train_state.pt"))
 
@@ -1138,13 +1152,17 @@ class Store:
             raise DamagedFileError(path, f"damaged: not a readable Parquet table ({str(e).strip()[:200]})") from None
 
 
-def sparse_to_arrays(m: sp.csr_matrix) -> dict[str, np.ndarray]:
+def sparse_to_arrays(m: "sp.csr_matrix") -> dict[str, np.ndarray]:
+    import scipy.sparse as sp
+
     m = sp.csr_matrix(m)
     return {"m_indptr": m.indptr.astype(np.int64), "m_indices": m.indices.astype(np.int32),
             "m_shape": np.asarray(m.shape, np.int64)}
 
 
-def arrays_to_sparse(d: dict[str, np.ndarray]) -> sp.csr_matrix:
+def arrays_to_sparse(d: dict[str, np.ndarray]) -> "sp.csr_matrix":
+    import scipy.sparse as sp
+
     indptr, indices, shape = d["m_indptr"], d["m_indices"], tuple(int(s) for s in d["m_shape"])
     data = np.ones(len(indices), bool)
     return sp.csr_matrix((data, indices, indptr), shape=shape)
