@@ -546,7 +546,8 @@ def check_config(store: Store, config: WSSSConfig) -> None:
     previous = store.read_config()
     # (without a record or a corpus yet every option counts)
     implicit = previous is None or not store.has_corpus() or store.classes().background is not None
-    diff = config_difference(previous, config, implicit)
+    split = ((store.corpus_summary() or {}).get("splits", {}).get(config.split) or {}) if store.has_corpus() else {}
+    diff = config_difference(previous, config, implicit, split.get("images"))
     if diff:
         Progress("config", 1).message(f"{store.config_path}: the configuration differs from the one this run "
                                       f"directory was computed with (in: {', '.join(diff)}); the results that "

@@ -291,6 +291,11 @@ class ForegroundConfig(BaseModel):
     grabcut_iters: int = Field(3, ge=1, description="GrabCut iterations of the foreground path's pseudo-label")
 
 
+#: the trainers' default bound (``WSSSConfig.train_images``), chosen from the curve in
+#: docs/large-corpora.md#the-trainers-sample
+TRAIN_IMAGES = 10_000
+
+
 class WSSSConfig(BaseModel):
     """Everything a refresh run depends on."""
 
@@ -334,11 +339,13 @@ class WSSSConfig(BaseModel):
         "most shard tasks (Prefect task runs) per stage: a corpus above shard_size * max_shards images "
         "(128,000 by default) gets shards of ceil(images / max_shards); 2000 tasks add minutes to a stage "
         "of hours (docs/benchmarks.md#shard-task-cost); results do not depend on the shards"))
-    train_images: int | None = Field(None, ge=1, description=(
+    train_images: int | None = Field(TRAIN_IMAGES, ge=1, description=(
         "the most images the corpus-wide trainers learn from (the image classifier, and each round's MIL and "
-        "proposal classifiers and segmenter): a seeded sample of the split, the same in every round, that keeps "
-        "every image a person corrected; the shard stages still label every image. None: all of them. On a large "
-        "corpus it bounds a round's training time and memory (docs/large-corpora.md#the-stores-layout-at-scale)"))
+        "proposal classifiers and segmenter): above it, a seeded sample of the split, the same in every round, "
+        "that keeps every image a person corrected; the shard stages still label every image, and a split of at "
+        "most this many images is trained on whole, as if there were no bound. null: every image, however many "
+        "(a round's training time then grows with the corpus). Why this default, and what a sample gives up: "
+        "docs/large-corpora.md#the-trainers-sample"))
     seed: int = Field(0, description="random seed of the run's trainings and samplings (round r's MIL: seed + r)")
     device: str = Field("auto", description="where training runs: auto (CUDA when present, else CPU), cpu or cuda")
     pretrained: dict[str, str] = Field(default_factory=dict, description=(
@@ -499,6 +506,18 @@ def settings_changed(previous: dict, current: BaseModel, path: str, ignore: tupl
     return _differs({k: v for k, v in previous.items() if k not in ignore}, now, path)
 
 
+def sampled(limit: int | None, images: int | None) -> int | None:
+    """``train_images`` as the rounds depend on it: None (every image) when the split holds no
+    more than ``limit`` images, so that a corpus under the bound keeps its rounds whatever the
+    bound (a changed default, a larger ``--set train_images``) and a run directory of an older
+    wsseg, which recorded None, is not computed again.
+
+    >>> sampled(20000, 276), sampled(20000, 10**5), sampled(None, 10**5)
+    (None, 20000, None)
+    """
+    return None if limit is None or images is None or images <= limit else limit
+
+
 def in_effect(config: dict, implicit_background: bool) -> dict:
     """A configuration (as JSON) without what acts on nothing in a corpus with or without an
     implicit background: ``classifier.background_rule`` reads the implicit background's CAM
@@ -550,11 +569,23 @@ def changed_options(previous: dict, current: dict, prefix: str = "") -> list[tup
     return out
 
 
-def config_difference(previous: dict | None, current: WSSSConfig, implicit_background: bool = True) -> list[str]:
+def config_difference(previous: dict | None, current: WSSSConfig, implicit_background: bool = True,
+                      images: int | None = None) -> list[str]:
     """The top-level fields in which ``current`` differs from the configuration a run directory
     was started with (``previous``, as JSON), leaving out :data:`NOT_IN_ROUNDS` (see
-    :func:`changed_fields`) and what acts on nothing in its corpus (:func:`in_effect`)."""
+    :func:`changed_fields`) and what acts on nothing in its corpus (:func:`in_effect`): with the
+    split's image count ``images``, a ``train_images`` bound that does not cut it (:func:`sampled`).
+
+    >>> every = recorded_config(WSSSConfig(train_images=None))
+    >>> config_difference(every, WSSSConfig(train_images=300), images=276)
+    []
+    >>> config_difference(every, WSSSConfig(train_images=200), images=276)
+    ['train_images']
+    """
     if previous is None:
         return []
-    return changed_fields(in_effect(previous, implicit_background),
-                          in_effect(current.model_dump(mode="json"), implicit_background))
+    before, now = in_effect(previous, implicit_background), in_effect(current.model_dump(mode="json"), implicit_background)
+    if images is not None:
+        before, now = ({**c, "train_images": sampled(c.get("train_images"), images)} if "train_images" in c else c
+                       for c in (before, now))
+    return changed_fields(before, now)

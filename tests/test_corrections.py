@@ -249,6 +249,33 @@ def test_a_training_sample_is_seeded_stable_and_keeps_the_corrected_images():
     assert len(set(ids(a)) - set(ids(training_records(grown, 100, 0)))) <= 50
 
 
+def test_a_bound_that_does_not_cut_the_split_changes_no_round():
+    """The default bound (``train_images``) on a split of at most that many images is no sample:
+    the rounds recorded by an older wsseg (``train_images`` None, or absent) are kept, and so is a
+    larger bound; a bound below the split's size is a change, and the configuration says so too."""
+    from wsseg.tasks.config import TRAIN_IMAGES, WSSSConfig, config_difference, recorded_config
+    from wsseg.tasks.corpus.resume import round_inputs, round_view, what_changed
+    from wsseg.tasks.store import ClassSpec, ImageRecord
+
+    classes = ClassSpec(("cow", "grass"))
+    recs = [ImageRecord(image_id=f"img{i}", height=8, width=8, tags=("cow",), sha256=f"{i:064x}", split="train",
+                        source=f"/d/img{i}.jpg", has_mask=False) for i in range(6)]
+    older = round_inputs(classes, recs, WSSSConfig(train_images=None))
+    assert older["config"]["train_images"] is None
+    absent = older | {"config": {k: v for k, v in older["config"].items() if k != "train_images"}}
+    for limit in (TRAIN_IMAGES, 6, 1000):
+        now = round_inputs(classes, recs, WSSSConfig(train_images=limit))
+        assert what_changed(round_view(older, 1), round_view(now, 1)) == []
+        assert what_changed(round_view(absent, 1), round_view(now, 1)) == []
+        assert config_difference(recorded_config(WSSSConfig(train_images=None)), WSSSConfig(train_images=limit),
+                                 images=len(recs)) == []
+    cut = round_inputs(classes, recs, WSSSConfig(train_images=5))
+    assert cut["config"]["train_images"] == 5 and what_changed(round_view(older, 1), round_view(cut, 1))
+    assert config_difference(recorded_config(WSSSConfig(train_images=None)), WSSSConfig(train_images=5),
+                             images=len(recs)) == ["train_images"]
+    assert WSSSConfig().train_images == TRAIN_IMAGES
+
+
 def test_the_trainers_learn_from_a_sample_and_every_image_is_labelled(tmp_path, tiny_run, cluster, prefect_harness):
     """``train_images=3`` on six images: the image classifier and every round's trainers learn from
     the same three (the classifier's recorded corpus, the rounds' summaries), and each of the six

@@ -21,7 +21,7 @@ from __future__ import annotations
 
 from typing import Sequence
 
-from wsseg.tasks.config import (DECISION_ONLY, FINAL_MODEL_ONLY, FROM_ROUND_1, MODEL_ONLY, NOT_IN_ROUNDS, WSSSConfig,
+from wsseg.tasks.config import (DECISION_ONLY, sampled, FINAL_MODEL_ONLY, FROM_ROUND_1, MODEL_ONLY, NOT_IN_ROUNDS, WSSSConfig,
                           changed_fields, in_effect, with_added_options)
 from wsseg.tasks.store import ClassSpec, ImageRecord, corpus_hash
 
@@ -52,6 +52,7 @@ def round_inputs(classes: ClassSpec, records: Sequence[ImageRecord] | dict, conf
     any, a person's corrections (``{"images": n, "digest": ...}``)."""
     cfg = {k: v for k, v in config.model_dump(mode="json").items() if k not in NOT_IN_ROUNDS}
     corpus = records if isinstance(records, dict) else corpus_entry(records)
+    cfg["train_images"] = sampled(cfg.get("train_images"), corpus.get("images"))
     out = {"classes": classes_entry(classes), "corpus": corpus, "config": cfg}
     return out | ({"corrections": corrections} if corrections else {})
 

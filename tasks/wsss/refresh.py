@@ -35,7 +35,8 @@ def refresh_problem(store: Store, r: int, config: WSSSConfig) -> str | None:
             return (f"the class list changed since round {r} was trained ({len(before.get('names', []))} -> "
                     f"{classes.n} classes): its models cannot label the new classes; run `wsseg train` to retrain")
         # the round recorded its weight files' digests; a configuration as a user passes it has none yet
-        now = round_view(round_inputs(classes, [], with_weight_digests(config)), r)["config"]
+        # (and the corpus it was trained on: its size says whether the trainers learnt from a sample)
+        now = round_view(round_inputs(classes, recorded.get("corpus") or {}, with_weight_digests(config)), r)["config"]
         fields = changed_fields(round_view(recorded, r)["config"], now)
         if fields:
             return (f"the configuration differs from round {r}'s (in: {', '.join(fields)}); run `wsseg train` "
