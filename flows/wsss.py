@@ -13,6 +13,7 @@ Import this module only after :func:`flows.runtime.prepare` has set the environm
 from __future__ import annotations
 
 import datetime as dt
+import hashlib
 import time
 from typing import Any
 
@@ -33,7 +34,8 @@ from wsseg.tasks.labels.corrections import corrections_entry
 from wsseg.tasks.labels.review import SIGNALS, review_table
 from wsseg.tasks.runtime.progress import Progress
 from wsseg.tasks.runtime.tracking import Tracker
-from wsseg.tasks.store import ImageRecord, Store
+from wsseg.tasks.store import ImageRecord, Store, sha256_file
+from wsseg.tasks.store.remote import is_local
 from wsseg.tasks.wsss import mil
 from wsseg.tasks.wsss import pipeline as pl
 from wsseg.tasks.wsss import proposal_classifier
@@ -457,12 +459,7 @@ def train_wsss(run_dir: str, config: WSSSConfig = WSSSConfig(), dask_address: st
         final_round = int(decision["final_round"]) if decision else last
         final_row = next(x for x in rows if x["round"] == final_round)
         final = store.checkpoint_path("segmenter", last) if store.has_checkpoint("segmenter", last) else None
-        logged = None
-        if final is not None:
-            tracker.log_artifact(final, "final_model")
-            net, spec = store.read_model("segmenter", last)
-            logged = tracker.log_model(net, "model", in_channels=spec["in_channels"],
-                                       num_classes=spec["num_classes"], register=model_name)
+        logged, digest = log_final_model(store, tracker, last, model_name) if final is not None else (None, None)
         tracker.log_metrics({"final_pseudo_label_miou": final_row["pseudo_label_miou"],
                              "final_pseudo_label_class_accuracy": final_row.get("pseudo_label_class_accuracy"),
                              "final_round": final_round, "rounds": len(rows) - 1})
@@ -475,7 +472,7 @@ def train_wsss(run_dir: str, config: WSSSConfig = WSSSConfig(), dask_address: st
                    "final_model": str(final) if final is not None else None,
                    "foreground": foreground, "warnings": warnings,
                    "mlflow_parent_run_id": parent_id, "wall_seconds": time.perf_counter() - t0,
-                   "feature_key": key, "images": len(records),
+                   "feature_key": key, "images": len(records), "final_model_sha256": digest,
                    "corrected_images": (corrections_entry(store, records) or {}).get("images", 0)}
         if logged is not None:
             summary["mlflow_model"] = logged
@@ -490,6 +487,26 @@ def train_wsss(run_dir: str, config: WSSSConfig = WSSSConfig(), dask_address: st
     store.write_summary(summary)
     record_config(store, config)
     return summary
+
+
+def log_final_model(store: Store, tracker: Tracker, r: int, model_name: str | None) -> tuple[dict | None, str]:
+    """Log round ``r``'s segmenter, the run's final model, to MLflow (and register it as a version
+    of ``model_name``), unless the run directory's previous training logged this very file (its
+    sha256) under the same name and MLflow still has it: a rerun that computed nothing then adds
+    no model, only its run pointing at the one logged (tag ``final_model_logged``). Returns what
+    :meth:`Tracker.log_model` returned (or the earlier one) and the checkpoint's sha256."""
+    path = store.checkpoint_path("segmenter", r)
+    digest = sha256_file(path) if is_local(path) else hashlib.sha256(path.read_bytes()).hexdigest()
+    before = store.read_summary() or {}
+    earlier = before.get("mlflow_model")
+    if (before.get("final_model_sha256") == digest and (earlier or {}).get("registered_name") == model_name
+            and tracker.has_model(earlier)):
+        tracker.set_tags({"final_model_logged": earlier["model_uri"]})
+        return earlier, digest
+    tracker.log_artifact(path, "final_model")
+    net, spec = store.read_model("segmenter", r)
+    return tracker.log_model(net, "model", in_channels=spec["in_channels"], num_classes=spec["num_classes"],
+                             register=model_name), digest
 
 
 # ============================================================================ incremental refresh

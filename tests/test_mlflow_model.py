@@ -66,3 +66,45 @@ def test_runs_carry_the_prefect_flow_run_and_run_urls_are_overridable(tmp_path, 
     with t.run("s") as other:
         pass
     assert not any(k.startswith("prefect.") for k in mlflow.get_run(other).data.tags)
+
+
+def test_a_rerun_that_trains_nothing_logs_no_second_model(tmp_path, tiny_run, cluster, prefect_harness):
+    """`wsseg train` again on a finished run computes nothing, and logs no model again: its MLflow
+    run points at the one logged (26 MB and 13-21 s a rerun on msrc21's network before); a final
+    model that is not the logged file is logged."""
+    import json
+    import shutil
+
+    import torch
+
+    from conftest import TINY
+    from wsseg.flows.runtime import on_cluster
+    from wsseg.flows.wsss import train_wsss
+    from wsseg.tasks.config import WSSSConfig
+
+    run = shutil.copytree(tiny_run, tmp_path / "run", symlinks=True)
+    before = json.loads((run / "summary.json").read_text())
+    assert before["mlflow_model"]["model_uri"].startswith("models:/m-") and len(before["final_model_sha256"]) == 64
+
+    def train() -> dict:
+        threads = torch.get_num_threads()
+        try:
+            torch.set_num_threads(2)
+            return on_cluster(train_wsss, cluster)(str(run), WSSSConfig.model_validate(TINY), cluster)
+        finally:
+            torch.set_num_threads(threads)
+
+    mlflow.set_tracking_uri(tracking.tracking_uri(run))
+    models_before = len(mlflow.search_logged_models(output_format="list"))
+    again = train()
+    assert again["mlflow_model"] == before["mlflow_model"] and again["final_model_sha256"] == before["final_model_sha256"]
+    mlflow.set_tracking_uri(tracking.tracking_uri(run))
+    assert len(mlflow.search_logged_models(output_format="list")) == models_before
+    parent = mlflow.get_run(again["mlflow_parent_run_id"])
+    assert parent.data.tags["final_model_logged"] == before["mlflow_model"]["model_uri"]
+
+    (run / "summary.json").write_text(json.dumps(before | {"final_model_sha256": "0" * 64}))
+    logged = train()
+    mlflow.set_tracking_uri(tracking.tracking_uri(run))
+    assert logged["mlflow_model"]["model_uri"] != before["mlflow_model"]["model_uri"]
+    assert len(mlflow.search_logged_models(output_format="list")) == models_before + 1
