@@ -1,6 +1,7 @@
 """The layout a newcomer reads: tasks/ grouped into packages by what they are for, imports going
 one way (flows -> tasks -> models) with no circle between files or between tasks/'s packages
-(tools/import_graph.py, which CI runs here); tools/make_sample.py choosing the bundled sample."""
+(tools/import_graph.py, which CI runs here); tools/ holding only maintained tools, each run by a
+test or by a command in docs/ (tools/make_sample.py run here)."""
 import re
 import subprocess
 import sys
@@ -77,7 +78,40 @@ def test_a_module_that_finds_the_project_from_its_own_file_finds_it():
     assert Path("tasks/highres/train.py") in found and Path("tasks/bench/train.py") in found
 
 
-# ---------------------------------------------------------------------------- tools/make_sample.py
+# ---------------------------------------------------------------------------- tools/: maintained only
+
+#: every file of tools/ and where it is run: a test that runs it (``load_tool("NAME")`` or its path), or
+#: a page of docs/ that gives its command (``python tools/NAME.py``). A finished probe is deleted and its
+#: answer kept in docs/journal.md, so a script that neither runs nor is documented cannot stay.
+TOOLS_RUN_BY = {
+    "bench_object_store.py": "docs/benchmarks.md",
+    "bench_shard_rows.py": "docs/large-corpora.md",
+    "bench_store.py": "docs/benchmarks.md",
+    "bench_task_cost.py": "docs/benchmarks.md",
+    "bench_trainers.py": "docs/benchmarks.md",
+    "bench_workers.py": "docs/large-corpora.md",
+    "gpu_check.py": "docs/benchmarks.md",
+    "import_graph.py": "tests/test_layout.py",
+    "label_areas.py": "tests/test_label_quality.py",
+    "make_one_class.py": "tests/test_label_quality.py",
+    "make_sample.py": "tests/test_layout.py",
+    "msrc_highres.py": "tests/test_highres.py",
+    "scale_table.py": "docs/large-corpora.md",
+}
+
+
+def test_every_tool_is_run_by_a_test_or_by_a_documented_command():
+    present = sorted(p.name for p in (ROOT / "tools").iterdir() if p.name != "__pycache__")
+    assert present == sorted(TOOLS_RUN_BY), (
+        "tools/ holds maintained tools only: name a new one in TOOLS_RUN_BY with the test or doc that "
+        "runs it; a finished probe is deleted and its answer kept in docs/journal.md")
+    for name, where in TOOLS_RUN_BY.items():
+        stem, text = name.removesuffix(".py"), (ROOT / where).read_text()
+        if where.startswith("tests/"):
+            assert f'load_tool("{stem}")' in text or f'"tools" / "{name}"' in text, f"{where} does not run {name}"
+        else:
+            assert f"python tools/{name}" in text, f"{where} gives no command of {name}"
+
 
 def _make_sample(src: Path, dst: Path, *args: str) -> str:
     out = subprocess.run([sys.executable, str(ROOT / "tools" / "make_sample.py"), str(src), str(dst), *args],
