@@ -7,13 +7,12 @@ import pytest
 from PIL import Image
 from pydantic import ValidationError
 
-from wsseg.tasks.common.metrics import iou_from_confusion
 from wsseg.tasks.config import FeatureConfig
 from wsseg.tasks.wsss import superpixels as spx
 from wsseg.tasks.wsss.deep_features import GRID, deep_feature_dim, deep_superpixel_features
 from wsseg.tasks.wsss.feature_cache import feature_key
-from wsseg.tasks.wsss.features import FEATURE_NAMES, superpixel_features
-from tests.conftest import SAMPLE, load_tool
+from wsseg.tasks.wsss.features import superpixel_features
+from tests.conftest import SAMPLE
 
 
 def _photo(iid):
@@ -86,24 +85,3 @@ def test_on_real_photos_they_separate_the_classes_better_than_colour_and_texture
     acc_hand, acc_deep = held_out_accuracy(np.concatenate(hand)), held_out_accuracy(np.concatenate(deep))
     print(f"held-out superpixel accuracy: hand-made {acc_hand:.3f}, encoder {acc_deep:.3f}")
     assert acc_deep > acc_hand + 0.05, (acc_hand, acc_deep)
-
-
-def test_mil_features_finds_each_group_s_columns_and_scores_superpixels_by_area():
-    """tools/mil_features.py: the groups follow the cache's layout (94 hand-made columns, then each
-    pooled stride's channels in order); superpixel labels are scored as the pixels they cover."""
-    tool = load_tool("mil_features")
-    groups = tool.column_groups({8: 40, 16: 112, 32: 320}, (8, 16, 32))
-    assert list(groups) == ["hand", "s8", "s16", "s32"]
-    assert (groups["hand"][0], groups["hand"][-1]) == (0, 93)
-    assert (groups["s16"][0], groups["s16"][-1], groups["s32"][-1]) == (94 + 40, 94 + 40 + 111, 94 + 472 - 1)
-    img = _photo("1_11_s")
-    lab = spx.superpixels(img, method="slico", region_size=16, ruler=10.0)
-    row = np.hstack([superpixel_features(img, lab), deep_superpixel_features(img, lab, strides=(8, 16, 32))])
-    assert np.allclose(row[:, groups["s32"]], deep_superpixel_features(img, lab, strides=(32,)), atol=1e-5)
-    # two superpixels: the first 3 pixels of class 0 and 1 of class 1, the second 2 of class 1 and 5 ignored;
-    # labelled 0 and 1: class 0 IoU 3 / 4, class 1 2 / 3, class 1 labelled on 2 of its 3 pixels
-    truth = np.array([[3, 1, 0], [0, 2, 5]], float)
-    conf = tool.superpixel_confusion(np.array([0, 1]), truth, 2)
-    np.testing.assert_array_equal(conf, [[3, 0], [1, 2]])
-    iou, miou = iou_from_confusion(conf)
-    assert iou == pytest.approx([0.75, 2 / 3]) and miou == pytest.approx((0.75 + 2 / 3) / 2)

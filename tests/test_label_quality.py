@@ -297,26 +297,6 @@ def test_round_zero_starts_from_the_cam_labels_or_on_the_foreground_path_from_it
     assert np.array_equal(start_labels(store, rec, classes, ForegroundConfig(), store.prelim(0, "a", 3)), want)
 
 
-def test_the_probes_colocalisation_finds_what_every_image_shares():
-    """tools/foreground_probe.py's co-localisation (DDT): features of the shared object along one
-    direction, background features along another with a larger spread; the first principal
-    component, signed by the image borders, puts every object superpixel above every background one."""
-    probe = load_tool("foreground_probe")
-    rng = np.random.default_rng(0)
-    feats, areas, borders = [], [], []
-    for _ in range(5):
-        obj = np.array([3.0, 0.0, 0.0]) + rng.normal(0, 0.1, (4, 3))  # superpixels 0-3: the object
-        bg = np.array([-3.0, 0.0, 0.0]) + rng.normal(0, 0.1, (6, 3))   # superpixels 4-9: background
-        feats.append(np.vstack([obj, bg]))
-        areas.append(np.full(10, 20))
-        borders.append(np.arange(4, 10))
-    mu, v, scale = probe.ddt_direction(feats, areas, borders)
-    for f in feats:
-        p = (f - mu) @ v
-        assert p[:4].min() > 0 > p[4:].max()
-    assert scale == pytest.approx(3.0, rel=0.1)  # the spread along the component: +-3 around the mean
-
-
 def test_label_areas_says_how_much_larger_a_class_is_labelled_than_it_is():
     """tools/label_areas.py's table: a class labelled over twice its true area (its 4 pixels and 4 of
     its neighbour's) has area 2.0 and IoU 0.5; the neighbour, labelled on 8 of its 12, 0.667 / 0.667;
@@ -334,24 +314,6 @@ def test_label_areas_says_how_much_larger_a_class_is_labelled_than_it_is():
     assert iou[1] == pytest.approx(0.5) and area[1] == pytest.approx(2.0)
     assert iou[0] == pytest.approx(8 / 12) and area[0] == pytest.approx(8 / 12)
     assert np.isnan(iou[2]) and np.isnan(area[2])
-
-
-def test_seed_errors_keeps_the_seed_map_step_7_receives_and_puts_the_solver_back():
-    """tools/seed_errors.py's spy: inside it, a seeded segmentation (as pseudo_label calls it, through
-    the module) runs unchanged and its seed map is kept; after it, the module's own function is back."""
-    tool = load_tool("seed_errors")
-    from wsseg.tasks.wsss import fusion
-
-    solve = fusion.seeded_segmentation
-    image = np.zeros((6, 8, 3), np.uint8)
-    seeds = np.zeros((6, 8), np.int32)
-    seeds[:, 0], seeds[:, -1] = 1, 2
-    with tool.seed_maps({}) as kept:
-        labels, _ = fusion.seeded_segmentation(image, seeds, method="nearest")
-    assert fusion.seeded_segmentation is solve
-    np.testing.assert_array_equal(kept["seeds"], seeds)
-    np.testing.assert_array_equal(labels, solve(image, seeds, method="nearest")[0])
-    assert (labels[:, :3] == 1).all() and (labels[:, -3:] == 2).all()
 
 
 def test_box_grabcut_baseline_is_computed_once_per_image(tmp_path, prefect_harness):

@@ -1,10 +1,13 @@
 """The layout a newcomer reads: tasks/ grouped into packages by what they are for, imports going
 one way (flows -> tasks -> models) with no circle between files or between tasks/'s packages
-(tools/import_graph.py, which CI runs here)."""
+(tools/import_graph.py, which CI runs here); tools/ holding only maintained tools, each run by a
+test or by a command in docs/ (tools/make_sample.py run here)."""
 import re
 import subprocess
 import sys
 from pathlib import Path
+
+import pytest
 
 from tests.conftest import load_tool
 
@@ -73,3 +76,83 @@ def test_a_module_that_finds_the_project_from_its_own_file_finds_it():
             found.append(path.relative_to(ROOT))
             assert path.parents[int(m.group(1))] == ROOT, f"{found[-1]}: parents[{m.group(1)}] is not the project"
     assert Path("tasks/highres/train.py") in found and Path("tasks/bench/train.py") in found
+
+
+# ---------------------------------------------------------------------------- tools/: maintained only
+
+#: every file of tools/ and where it is run: a test that runs it (``load_tool("NAME")`` or its path), or
+#: a page of docs/ that gives its command (``python tools/NAME.py``). A finished probe is deleted and its
+#: answer kept in docs/journal.md, so a script that neither runs nor is documented cannot stay.
+TOOLS_RUN_BY = {
+    "bench_object_store.py": "docs/benchmarks.md",
+    "bench_shard_rows.py": "docs/large-corpora.md",
+    "bench_store.py": "docs/benchmarks.md",
+    "bench_task_cost.py": "docs/benchmarks.md",
+    "bench_trainers.py": "docs/benchmarks.md",
+    "bench_workers.py": "docs/large-corpora.md",
+    "gpu_check.py": "docs/benchmarks.md",
+    "import_graph.py": "tests/test_layout.py",
+    "label_areas.py": "tests/test_label_quality.py",
+    "make_one_class.py": "tests/test_label_quality.py",
+    "make_sample.py": "tests/test_layout.py",
+    "msrc_highres.py": "tests/test_highres.py",
+    "scale_table.py": "docs/large-corpora.md",
+}
+
+
+def test_every_tool_is_run_by_a_test_or_by_a_documented_command():
+    present = sorted(p.name for p in (ROOT / "tools").iterdir() if p.name != "__pycache__")
+    assert present == sorted(TOOLS_RUN_BY), (
+        "tools/ holds maintained tools only: name a new one in TOOLS_RUN_BY with the test or doc that "
+        "runs it; a finished probe is deleted and its answer kept in docs/journal.md")
+    for name, where in TOOLS_RUN_BY.items():
+        stem, text = name.removesuffix(".py"), (ROOT / where).read_text()
+        if where.startswith("tests/"):
+            assert f'load_tool("{stem}")' in text or f'"tools" / "{name}"' in text, f"{where} does not run {name}"
+        else:
+            assert f"python tools/{name}" in text, f"{where} gives no command of {name}"
+
+
+def _make_sample(src: Path, dst: Path, *args: str) -> str:
+    out = subprocess.run([sys.executable, str(ROOT / "tools" / "make_sample.py"), str(src), str(dst), *args],
+                         capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stdout + out.stderr
+    return out.stdout
+
+
+def test_make_sample_takes_every_class_then_a_seeded_choice(tmp_path):
+    """The bundled sample (msrc21's layout) as the source: each class in at least ``--per-class`` of
+    the chosen images, ``--n`` images in all, copied with their masks, tags and classes.txt;
+    the same seed chooses the same images."""
+    src = ROOT / "flows" / "sample" / "msrc21"
+    printed = _make_sample(src, tmp_path / "a", "--n", "24", "--per-class", "1")
+    rows = (tmp_path / "a" / "labels.csv").read_text().splitlines()
+    source = {r.split(",")[0]: r for r in (src / "labels.csv").read_text().splitlines()[1:]}
+    chosen = [r.split(",")[0] for r in rows[1:]]
+    assert rows[0] == "image_id,split,labels" and len(chosen) == 24 and chosen == sorted(chosen)
+    assert all(source[i] == r for i, r in zip(chosen, rows[1:]))
+    assert {t for r in rows[1:] for t in r.split(",")[2].split(";")} == \
+        {t for r in source.values() for t in r.split(",")[2].split(";")}
+    assert (tmp_path / "a" / "train.txt").read_text().split() == chosen
+    for i in chosen:
+        assert (tmp_path / "a" / "images" / f"{i}.jpg").read_bytes() == (src / "images" / f"{i}.jpg").read_bytes()
+        assert (tmp_path / "a" / "masks" / f"{i}.png").read_bytes() == (src / "masks" / f"{i}.png").read_bytes()
+    assert (tmp_path / "a" / "classes.txt").read_text() == (src / "classes.txt").read_text()
+    assert printed.startswith("24 images, ")
+    _make_sample(src, tmp_path / "b", "--n", "24", "--per-class", "1")
+    assert (tmp_path / "b" / "labels.csv").read_text() == (tmp_path / "a" / "labels.csv").read_text()
+
+
+def test_make_sample_chooses_the_bundled_sample_again_from_msrc21(tmp_path):
+    """The command in flows/sample/msrc21/README.md gives the bundled sample back, image for image."""
+    msrc21 = ROOT.parent / "shared" / "data" / "msrc21"
+    if not msrc21.is_dir():
+        pytest.skip("../shared/data/msrc21 is not here")
+    sample = ROOT / "flows" / "sample" / "msrc21"
+    assert "python tools/make_sample.py ../shared/data/msrc21 flows/sample/msrc21" in (sample / "README.md").read_text()
+    assert _make_sample(msrc21, tmp_path) == "64 images, 21 classes, min per class 3\n"
+    for name in ("labels.csv", "train.txt", "classes.txt"):
+        assert (tmp_path / name).read_text() == (sample / name).read_text(), name
+    assert sorted(p.name for p in (tmp_path / "images").iterdir()) == sorted(p.name for p in (sample / "images").iterdir())
+    for image in (sample / "images").iterdir():
+        assert (tmp_path / "images" / image.name).read_bytes() == image.read_bytes(), image.name
