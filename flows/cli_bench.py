@@ -8,6 +8,13 @@ import sys
 from pathlib import Path
 
 from wsseg.flows.cli_common import (SAMPLE, common_args, config_args, build_config, print_result)
+from wsseg.tasks.bench.provenance import provenance, stamp
+
+
+def command_argv(args) -> list[str] | None:
+    """The arguments after ``wsseg`` as the user typed them (:func:`flows.cli.main` keeps them on
+    ``args``); None for a command function called without them."""
+    return getattr(args, "argv", None)
 
 
 # ---------------------------------------------------------------------------- bench quality (parser)
@@ -75,12 +82,14 @@ def cmd_bench_quality(args) -> int:
     run = Path(args.run_dir).resolve()
     out = (Path(args.out) if args.out else run / "quality.json").resolve()
     check_inputs(Store(run), args.data, out, args.model_seeds)  # before the cluster starts
+    started = provenance(command_argv(args))
     with dask_cluster(args.dask_address, args.workers, run) as address:
         res = on_cluster(bench_quality, address)(
             str(args.data), str(run), config, str(out), eval_split=args.eval_split, ablate=args.ablate,
             dask_address=address, background=None if args.background == "none" else args.background,
             compare=args.compare_models, compare_seconds=args.compare_seconds,
             ablate_rounds=args.ablate_rounds, model_seeds=args.model_seeds)
+    res["provenance"] = stamp(out, started, indent=1)  # the indent of tasks.report.figures.write_quality_report
     if args.json:
         print(json.dumps(res, default=str))
         return 0
@@ -101,6 +110,7 @@ def cmd_bench_highres(args) -> int:
     try:
         check_bench_inputs(str(args.data), args.split, train_n=args.train_n, eval_n=args.eval_n,
                            eval_split=args.eval_split, variants=variants, folds=args.folds)
+        started = provenance(command_argv(args))
         with prefect_api() as ready:
             ready()
             res = bench_highres(str(args.data), args.split, str(args.out), train_n=args.train_n, eval_n=args.eval_n,
@@ -110,6 +120,7 @@ def cmd_bench_highres(args) -> int:
                           variants=variants,
                           images_per_batch=args.images_per_batch,
                           memory_probe=args.memory_probe, backbone=args.backbone, folds=args.folds)
+        res["provenance"] = stamp(args.out, started)
     except ValueError as e:
         print(f"wsseg bench highres: error: {e}", file=sys.stderr)
         return 2
@@ -203,11 +214,13 @@ def cmd_bench_train(args) -> int:
         raise ValueError(f"--options must be a JSON object, e.g. '{{\"width\": 0.25}}'; got {args.options!r} ({e})")
     if not isinstance(options, dict):
         raise ValueError(f"--options must be a JSON object, e.g. '{{\"width\": 0.25}}'; got {args.options!r}")
+    started = provenance(command_argv(args))
     with prefect_api() as ready:
         ready()
         r = bench_train(args.network, str(args.out), size=args.size, batch=args.batch, steps=args.steps,
                         warmup=args.warmup, workers=args.workers, threads=args.threads or None, options=options,
                         run_dir=str(args.run_dir), device=args.device, data=str(args.data), seed=args.seed)
+    r["provenance"] = stamp(args.out, started, indent=1)  # tasks.bench.train.run_bench's indent
     if args.json:
         print(json.dumps(r, default=str))
         return 0
@@ -272,11 +285,13 @@ def cmd_bench_pipeline(args) -> int:
     out = (Path(args.out) if args.out else run / "pipeline.json").resolve()
     from wsseg.flows.bench_pipeline import bench_pipeline
 
+    started = provenance(command_argv(args))
     with prefect_api() as ready:
         ready()
         res = bench_pipeline(str(args.data), str(run), sizes, workers, str(out), config, sample=args.sample,
                              listing_k=args.listing_k, seed=args.seed, source_split=args.source_split,
                              cases=args.cases)
+    res["provenance"] = stamp(out, started)
     return print_result(args, res, format_summary(res), out)
 
 
@@ -343,9 +358,11 @@ def cmd_bench_corrections(args) -> int:
     pick_count(10, args.share)  # a bad share fails before the cluster starts
     run = Path(args.run_dir).resolve()
     out = (Path(args.out) if args.out else run / "corrections.json").resolve()
+    started = provenance(command_argv(args))
     with dask_cluster(args.dask_address, args.workers, run) as address:
         res = on_cluster(bench_corrections, address)(str(run), str(out), share=args.share, seeds=args.seeds,
                                                      eval_split=args.eval_split, dask_address=address)
+    res["provenance"] = stamp(out, started, indent=1)  # flows.bench_corrections' indent
     return print_result(args, res, markdown(res), out)
 
 
@@ -391,9 +408,11 @@ def cmd_bench_scale(args) -> int:
     out = (Path(args.out) if args.out else run / "scale.json").resolve()
     from wsseg.flows.bench_scale import bench_scale
 
+    started = provenance(command_argv(args))
     res = bench_scale(str(args.data), str(run), sizes, args.workers, args.rounds, str(out),
                       overrides=args.overrides, config=str(Path(args.config).resolve()) if args.config else None,
                       split=config.split, keep=args.keep, interval=args.interval, source_images=len(check.items))
+    res["provenance"] = stamp(out, started)
     print_result(args, res, format_summary(res), out)
     return 1 if any(s["failed"] for s in res["per_size"].values()) else 0
 
@@ -441,3 +460,4 @@ def add_bench_scale_parser(bench) -> argparse.ArgumentParser:
     p.add_argument("--json", action="store_true", help="print the result as one JSON object (for scripts)")
     p.set_defaults(func=cmd_bench_scale)
     return p
+

@@ -118,23 +118,28 @@ def cmd_train(args) -> int:
 def cmd_demo(args) -> int:
     from wsseg.flows.runtime import dask_cluster, on_cluster
     from wsseg.flows.wsss import ingest, train_wsss
+    from wsseg.tasks.bench.provenance import finished, provenance
+    from wsseg.tasks.store import Store
 
     t0 = time.perf_counter()
     run = run_root(args.run_dir)
     config = build_config(args, DEMO_CONFIG)
     print(f"wsseg demo: {SAMPLE} -> {run}", flush=True)
+    started = provenance(getattr(args, "argv", None))
     with dask_cluster(args.dask_address, args.workers, run) as address:
         on_cluster(ingest, address)(str(SAMPLE), str(run), 16, False, "auto")
         s = on_cluster(train_wsss, address)(str(run), config, address, model_name=args.register)
+    # the demo's figures are benchmark figures too (`wsseg bench report` reads summary.json): where they
+    # come from goes with them; a later `wsseg train` on the run directory writes its own summary
+    store = Store(run)
+    store.write_summary({**store.read_summary(), "provenance": finished(started)})
     print("\npseudo-label quality on the sample (tags only for training; masks only for this table):")
     print_rounds(s["rounds"])
     print_final(s)
     print(f"\nconverged: {s['converged']}; total wall time {time.perf_counter() - t0:.0f}s; "
           f"overlays: {run / 'rounds' / 'r000' / 'overlay.png'} ...")
     print_where(run)
-    from wsseg.tasks.store import Store
-
-    print(Store(run).summary_path)
+    print(store.summary_path)
     return 0
 
 

@@ -118,6 +118,10 @@ def demo_run(tmp_path_factory) -> Path:
     # the terminal stays quiet: our own progress lines, no Prefect INFO records
     assert "  [classifier] " in done.stderr
     assert not re.search(r"\|\s*INFO\s*\|", done.stderr + done.stdout), done.stderr
+    # where the demo's figures come from goes with them (`wsseg bench report` prints it)
+    prov = json.loads((run / "summary.json").read_text())["provenance"]
+    assert prov["command"] == f"wsseg demo --run-dir {run} --workers 1 --config {base / 'tiny.json'}", prov
+    assert prov["load_average"]["end"] is not None and prov["machine"]["cores"] == os.cpu_count()
     return run
 
 
