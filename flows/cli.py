@@ -9,6 +9,7 @@
   wsseg ui                     the Prefect and MLflow dashboards of a run directory, on 127.0.0.1
   wsseg bench quality|train|highres|pipeline
                                benchmarks that print figures and write them as JSON
+  wsseg bench report JSON...   today's figures as one markdown page, from the benchmarks' JSONs
 
 Every command works in a run directory (--run-dir, default runs/default); `wsseg COMMAND --help`
 lists its options.
@@ -22,7 +23,8 @@ from pathlib import Path
 
 
 from wsseg.flows.cli_bench import (add_bench_quality_parser, add_bench_highres_parser, add_bench_train_parser,
-                             add_bench_pipeline_parser, add_bench_corrections_parser, add_bench_scale_parser)
+                             add_bench_pipeline_parser, add_bench_corrections_parser, add_bench_scale_parser,
+                             add_bench_report_parser)
 from wsseg.flows.cli_common import (DEFAULT_RUN_DIR, version_text, common_args, storage_args, apply_storage_args,
                               config_args, build_config, DEMO_CONFIG, register_arg, reader_args, check_device,
                               refuse_discarding)
@@ -212,6 +214,7 @@ def parser() -> argparse.ArgumentParser:
     add_bench_pipeline_parser(bench)
     add_bench_corrections_parser(bench)
     add_bench_scale_parser(bench)
+    add_bench_report_parser(bench)
     add_segment_parser(sub)
     return ap
 
@@ -343,7 +346,8 @@ def main(argv: list[str] | None = None) -> int:
             from wsseg.flows.runtime import prepare
 
             prepare(run_dir, verbose=verbose)
-        if name not in ("status", "export", "review", "check"):  # the others start processes (a Prefect API at least)
+        # the others start processes (a Prefect API at least)
+        if name not in ("status", "export", "review", "check", "bench report"):
             from wsseg.flows.runtime import start_reaper
 
             start_reaper()

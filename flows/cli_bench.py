@@ -461,3 +461,48 @@ def add_bench_scale_parser(bench) -> argparse.ArgumentParser:
     p.set_defaults(func=cmd_bench_scale)
     return p
 
+
+# ---------------------------------------------------------------------------- bench report
+def cmd_bench_report(args) -> int:
+    import shlex
+
+    from wsseg.tasks.bench.report import collect, render
+
+    results, skipped = collect(args.results)
+    if skipped:
+        print(f"wsseg bench report: {len(skipped)} JSON file(s) in the folders are no benchmark result, left out: "
+              + ", ".join(skipped[:5]) + (" ..." if len(skipped) > 5 else ""), file=sys.stderr)
+    if not results:
+        raise ValueError(f"no benchmark result in {', '.join(map(str, args.results))}; pass the JSON files the "
+                         "benchmarks wrote (their --out) or the folders holding them")
+    argv = command_argv(args)
+    command = shlex.join(["wsseg", *argv]) if argv is not None else shlex.join(
+        ["wsseg", "bench", "report", *map(str, args.results)] + (["--out", str(args.out)] if args.out else []))
+    page = render(results, command)
+    if args.out is None:
+        sys.stdout.write(page)
+        return 0
+    Path(args.out).parent.mkdir(parents=True, exist_ok=True)
+    Path(args.out).write_text(page, encoding="utf-8")
+    print(f"{args.out}: {len(results)} result(s), {len(page.splitlines())} lines")
+    return 0
+
+
+def add_bench_report_parser(bench) -> argparse.ArgumentParser:
+    """Register ``wsseg bench report`` (:mod:`tasks.bench.report`)."""
+    p = bench.add_parser(
+        "report", help="today's figures as one markdown page, a table per question, from the benchmarks' JSONs",
+        description="Read the result JSONs of `wsseg bench quality`, `highres`, `pipeline`, `scale`, `train`, "
+                    "`corrections` and the summary.json of `wsseg demo` (each recognised by its keys) and write "
+                    "one markdown page: per question a heading, a table of the figures and under it the command "
+                    "that produced them, its date and machine (\"not recorded\" for a JSON written before wsseg "
+                    "recorded them). Quality results of the same data and configuration but for train_images "
+                    "get a table of the trainers' sample. The same files give the same page, byte for byte.")
+    p.add_argument("results", nargs="+", type=Path, metavar="JSON_OR_DIR",
+                   help="a benchmark's result JSON, or a folder: its JSON files and those up to two folders below "
+                        "it are read, those that are no benchmark's result left out (a summary.json counts when "
+                        "`wsseg demo` wrote it); a file named on its own must be a result")
+    p.add_argument("--out", type=Path, default=None, metavar="FILE.md",
+                   help="write the page here, e.g. the figures page of the docs folder (default: print it)")
+    p.set_defaults(func=cmd_bench_report)
+    return p
