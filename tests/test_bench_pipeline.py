@@ -108,6 +108,7 @@ def test_bench_pipeline_end_to_end(tmp_path, prefect_harness, one_torch_thread):
     args = _parse(argv)
     assert args.func is cmd_bench_pipeline and args.func(args) == 0
     res = json.loads(out.read_text())
+    assert res["provenance"]["machine"]["cores"] and res["provenance"]["load_average"]["end"] is not None
     for key in ("stages", "overhead_share", "overhead_core_share", "parallel_efficiency", "dcrf_core_ms_per_image", "ours_over_dcrf",
                 "peak_rss_mb", "trainer_seconds", "rerun_share", "store_listing", "rerun_identical"):
         assert key in res, key

@@ -94,6 +94,8 @@ def test_bench_quality_end_to_end(tmp_path, prefect_harness, capsys):
     assert args.func(args) == 0
 
     res = json.loads(out.read_text())
+    # where the figures come from (tasks.bench.provenance): called without the typed command, none is named
+    assert res["provenance"]["command"] is None and res["provenance"]["load_average"]["end"] is not None
     assert res["split"] == "train" and res["eval_split"] == "val" and not res["warnings"]
     assert res["images"] == len(TRAIN) and res["eval_images"] == len(VAL)
     values = [res["pseudo_label_miou"], res["baselines"]["cam"]["miou"], res["baselines"]["cam_crf"]["miou"],

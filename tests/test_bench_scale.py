@@ -120,6 +120,7 @@ def test_bench_scale_end_to_end(tmp_path):
                  "--config", "tiny.json", "--run-dir", str(root), "--out", str(out), "--keep", timeout=2400)
     assert res.returncode == 0, res.stderr[-3000:]
     r = json.loads(out.read_text())
+    assert r["provenance"]["command"].startswith("wsseg bench scale --data ")  # as the user typed it
     assert r["sizes"] == [8, 16] and r["compared"] == [8, 16]
     for n in ("8", "16"):
         s = r["per_size"][n]
