@@ -9,9 +9,10 @@ Layout of a run directory::
                                    the counts and content hash of each split (`wsseg status`)
       corpus/usage.json            the corpus folder's files and bytes, counted when written
       corpus/classes.json          class names and the implicit background class (or null)
-      corpus/images.zarr/<id>      (H, W, 3) uint8, one array (= one chunk) per image
-      corpus/masks.zarr/<id>       (H, W) uint8 ground truth, for evaluation only
-      corpus/staging/              an ingest's arrays that replace stored ones, until it is accepted
+      corpus/images/packs/         (H, W, 3) uint8 images, packed by ingest shard (sha256 of the file)
+      corpus/masks/packs/          (H, W) uint8 ground truth, for evaluation only, packed likewise
+      corpus/staging/              the indexes of an ingest's packs, until the ingest is accepted
+      corpus/corrections.zarr/<id> a person's corrected labels, one array per image
       cache/<stage>-<key>/packs/   per-image stage outputs, content-addressed: the key hashes
                                    the stage's parameters, each entry is named by the image
                                    bytes' sha, so a changed image or parameter recomputes and
@@ -28,15 +29,16 @@ Layout of a run directory::
       summary.json                 the table of rounds, written at the end of `wsseg train`
       refresh.json                 the last `wsseg refresh`: new images labelled with a round's models
 
-The per-image arrays of the stages (feature cache, preliminary results, labels) are packed by
-shard (:mod:`tasks.store.packs`): a shard task writes one pack and its index per group at its end
-(:meth:`Store.packing`), so files grow with shards, not images. The corpus's images, masks and
-corrections are one single-chunk Zarr array per image, written and read locally by
-:mod:`tasks.store.chunked` (the same files, without zarr's per-call machinery). Every pack and
-array is written by exactly one process, and a marker is written (by an atomic rename) only after
-the data, so an interrupted run is resumed by re-running it. A run directory of an older wsseg
-(one array per image in ``prelim.zarr``, ``pseudo.zarr`` and the cache) still reads; new shards
-write packs beside its arrays.
+The per-image arrays of the stages (feature cache, preliminary results, labels) and the corpus's
+images and masks are packed by shard (:mod:`tasks.store.packs`): a shard task writes one pack and
+its index per group at its end (:meth:`Store.packing`), so files grow with shards, not images; an
+ingest's indexes wait in ``corpus/staging/`` until the ingest is accepted. Corrections are one
+single-chunk Zarr array per image, written and read locally by :mod:`tasks.store.chunked` (the
+same files, without zarr's per-call machinery). Every pack and array is written by exactly one
+process, and a marker is written (by an atomic rename) only after the data, so an interrupted run
+is resumed by re-running it. A run directory of an older wsseg (one array per image in
+``prelim.zarr``, ``pseudo.zarr``, the cache, ``corpus/images.zarr`` and ``corpus/masks.zarr``)
+still reads; new shards and ingests write packs beside its arrays.
 
 The run directory may also be an fsspec URL (``s3://bucket/run``, ``gs://...``; ``file://`` is a
 local path): the same layout then lies on object storage, reached through fsspec (Zarr's
