@@ -114,7 +114,7 @@ def ingest(source: str, run_dir: str, shard_size: int = 32, skip_invalid: bool =
            background: str | None = "auto", max_pixels: int = ing.MAX_PIXELS, min_side: int = ing.MIN_SIDE,
            allow_external_links: bool = False, alpha_background: str = ing.ALPHA_BACKGROUND,
            headers_checked: bool = False) -> dict:
-    """Step 0: a source dataset -> corpus store (Zarr images, Parquet manifest, ingest report).
+    """Step 0: a source dataset -> corpus store (images and masks packed by shard, Parquet manifest, ingest report).
 
     The cheap checks (listing, tags, ids, duplicates, headers against ``max_pixels`` and
     ``min_side``, links leaving the source unless ``allow_external_links``) run before any
@@ -135,14 +135,14 @@ def ingest(source: str, run_dir: str, shard_size: int = 32, skip_invalid: bool =
     ids = list(by_id)
     size = shard_size_for(len(ids), shard_size, MAX_SHARDS)
     shards = [ids[i:i + size] for i in range(0, len(ids), size)]
+    Store(run_dir).drop_staged()  # a stopped ingest's staged packs are not this one's
     results = run_shards(ingest_shard, shards, "ingest", per_shard=lambda s: {"items": {i: by_id[i] for i in s}},
                          run_dir=run_dir, n_classes=classes.n, alpha_background=alpha_background)
     store = Store(run_dir)
     decoded = [r for res in results for r in res["rejected"]]
     staged = [i for res in results for i in res.get("staged", [])]
-    if decoded and not skip_invalid:  # refused: new images removed, the stored ones kept as they were
+    if decoded and not skip_invalid:  # refused: what the shards staged goes, the stored corpus stays as it was
         store.drop_staged()
-        store.drop_images([i for res in results for i in res["written"] if i not in set(staged)])
         raise ing.IngestError([p for r in decoded for p in r["problems"]], hint=ing.REFUSED_HINT)
     rejected = sorted(check.rejected + decoded, key=lambda r: (r["line"] is None, r["line"] or 0))
     if not any(res["records"] for res in results):

@@ -39,18 +39,25 @@ def _pack(group: Path, first: str) -> Path:
     return next((group / "packs").glob(f"{first}.*.pack"))
 
 
-def _small_run(root: Path) -> Store:
-    """A run directory written through the store by hand: two images, a round of two one-image
-    shards (packs, markers, a review table, checkpoints), a feature cache."""
+def _small_run(root: Path, older_corpus: bool = False) -> Store:
+    """A run directory written through the store by hand: two images (a pack each, or with
+    ``older_corpus`` an array each, as a wsseg before the corpus packs wrote them), a round of two
+    one-image shards (packs, markers, a review table, checkpoints), a feature cache."""
     from wsseg.models import build_model
-    from wsseg.tasks.store import ClassSpec, ImageRecord
+    from wsseg.tasks.store import ClassSpec, ImageRecord, chunked
 
     store = Store(root)
     rng = np.random.default_rng(0)
     recs = []
     for iid in ("a", "b"):
         image = rng.integers(0, 255, (20, 30, 3), np.uint8)
-        store.put_image(iid, image, iid * 64)
+        if older_corpus:
+            group = store.corpus_dir / "images.zarr"
+            group.mkdir(parents=True, exist_ok=True)
+            (group / "zarr.json").write_text(json.dumps({"zarr_format": 3, "node_type": "group", "attributes": {}}))
+            chunked.write(group / iid, image, {"sha256": iid * 64, "complete": True})
+        else:
+            store.put_image(iid, image, iid * 64)
         recs.append(ImageRecord(iid, 20, 30, ("cow",), iid * 64, "train", f"{iid}.jpg", False))
     store.write_corpus(recs, ClassSpec(("cow", "grass")))
     store.write_config({"split": "train"})
@@ -86,7 +93,8 @@ def test_each_kind_of_damage_is_named_by_check_and_by_the_reader_that_meets_it(t
     prelim_b.write_bytes(prelim_b.read_bytes()[:-7])  # cut short
     cache_a = _pack(store.cache_dir("features", "k"), "a")
     _flip(cache_a)
-    _flip(root / "corpus" / "images.zarr" / "b" / "c" / "0" / "0" / "0")
+    image_b = _pack(store.corpus_dir / "images", "b")
+    _flip(image_b)
     model = store.checkpoint_path("segmenter", 0)
     _flip(model)  # a byte of a tensor or the archive: the zip CRC fails
     store.checkpoint_path("mil", 0).unlink()  # a finished round's checkpoint missing
@@ -97,7 +105,7 @@ def test_each_kind_of_damage_is_named_by_check_and_by_the_reader_that_meets_it(t
     # each reader names the file it meets
     for read, path in ((lambda: store.pseudo(0, "a"), pseudo_a), (lambda: store.prelim(0, "b", 2), prelim_b),
                        (lambda: store.cached("features", "k", "a" * 64), cache_a),
-                       (lambda: store.image("b"), root / "corpus/images.zarr/b/c/0/0/0"),
+                       (lambda: store.image("b"), image_b),
                        (lambda: store.read_model("segmenter", 0), model), (store.read_config, root / "config.json")):
         with pytest.raises(DamagedFileError) as e:
             read()
@@ -112,27 +120,50 @@ def test_each_kind_of_damage_is_named_by_check_and_by_the_reader_that_meets_it(t
     got = {d["path"]: d for d in res["damaged"]}
     rel = lambda p: Path(p).relative_to(root).as_posix()  # noqa: E731
     review = f"rounds/r000/review/{Store.shard_name(['b'])}.parquet"
-    assert set(got) == {rel(pseudo_a), rel(prelim_b), rel(cache_a), "corpus/images.zarr/b/c/0/0/0", rel(model),
+    assert set(got) == {rel(pseudo_a), rel(prelim_b), rel(cache_a), rel(image_b), rel(model),
                         "rounds/r000/mil.pt", review, "config.json"}
     assert got[rel(pseudo_a)]["holds"] == "round 0's pseudo-labels of 1 image(s): a"
     assert "digest recorded when it was written" in got[rel(pseudo_a)]["problem"]
     assert got[rel(prelim_b)]["problem"].startswith("damaged: cut short")
     assert got[rel(cache_a)]["holds"].endswith("of 1 image(s): a")
-    assert got["corpus/images.zarr/b/c/0/0/0"]["holds"] == "image b"
+    assert got[rel(image_b)]["holds"] == "the corpus's images of 1 image(s): b"
+    assert "digest recorded when it was written" in got[rel(image_b)]["problem"]
+    assert "`wsseg ingest SOURCE --run-dir" in got[rel(image_b)]["action"]
     assert "CRC-32" in got[rel(model)]["problem"] and got["rounds/r000/mil.pt"]["problem"] == "missing"
-    assert [d["path"] for d in res["from_source"]] == ["corpus/images.zarr/b/c/0/0/0"] and not res["ok"]
+    assert [d["path"] for d in res["from_source"]] == [rel(image_b)] and not res["ok"]
     # what status sees without reading every byte: the records and the checkpoints' presence
     assert {d["path"] for d in visible_damage(store)} == {"config.json", "rounds/r000/mil.pt"}
 
     res = check_run(store, repair=True)
-    assert {d["path"] for d in res["repaired"]} == set(got) - {"corpus/images.zarr/b/c/0/0/0"}
+    assert {d["path"] for d in res["repaired"]} == set(got) - {rel(image_b)}
     assert not pseudo_a.exists() and not prelim_b.exists() and not cache_a.exists() and not model.exists()
-    assert (root / "corpus" / "images.zarr" / "b.damaged").is_dir() and not store.has_image("b", "b" * 64)
+    assert image_b.with_name(image_b.name + ".damaged").is_file() and not image_b.exists()
+    assert not Store(root).has_image("b", "b" * 64) and Store(root).has_image("a", "a" * 64)
     # the shards of the removed packs are computed again, the round and the run finished again
     assert store.shard_markers(0, "pseudo") == [] and store.shard_markers(0, "prelim") == [
         f"prelim-{Store.shard_name(['a'])}.json"]
     assert not (store.round_dir(0) / "round.json").exists() and store.pseudo(0, "a") is None
     assert not store.has_cached("features", "k", "a" * 64) and store.has_cached("features", "k", "b" * 64)
+    res = check_run(store)
+    assert [(d["path"], d["problem"], d["holds"]) for d in res["damaged"]] == [("corpus/images/b", "missing",
+                                                                                   "image b")]
+
+
+def test_an_older_run_directorys_corpus_arrays_are_checked(tmp_path):
+    """A corpus of one array per image (a wsseg before the corpus packs): each array decoded; a
+    damaged one named with its image, moved aside by repair, then missing."""
+    store = _small_run(tmp_path / "run", older_corpus=True)
+    assert check_run(store)["ok"] and store.image("a").shape == (20, 30, 3)
+    chunk = store.corpus_dir / "images.zarr" / "b" / "c" / "0" / "0" / "0"
+    _flip(chunk)
+    with pytest.raises(DamagedFileError) as e:
+        Store(store.root).image("b")
+    assert e.value.path == str(chunk)
+    res = check_run(store)
+    assert [(d["path"], d["holds"]) for d in res["damaged"]] == [("corpus/images.zarr/b/c/0/0/0", "image b")]
+    assert [d["path"] for d in res["from_source"]] == ["corpus/images.zarr/b/c/0/0/0"]
+    check_run(store, repair=True)
+    assert (store.corpus_dir / "images.zarr" / "b.damaged").is_dir() and not Store(store.root).has_image("b", "b" * 64)
     res = check_run(store)
     assert [(d["path"], d["problem"]) for d in res["damaged"]] == [("corpus/images.zarr/b", "missing")]
 
@@ -191,8 +222,8 @@ def test_check_repair_then_train_gives_the_undamaged_runs_labels_bit_for_bit(tmp
     model = store.checkpoint_path("segmenter", 0)
     model.unlink()
     image = records[2].image_id
-    chunk = run / "corpus" / "images.zarr" / image / "c" / "0" / "0" / "0"
-    _flip(chunk)
+    chunk = store.corpus_dir / "images" / "packs" / packs.index_of(store.corpus_dir / "images").lookup(image)[0]
+    _flip(chunk)  # the pack of the corpus's images that holds it
     damaged = {p.relative_to(run).as_posix() for p in (pseudo, prelim, model, chunk)}
 
     res = _wsseg("check", "--run-dir", str(run))
@@ -200,7 +231,7 @@ def test_check_repair_then_train_gives_the_undamaged_runs_labels_bit_for_bit(tmp
     lines = res.stdout.strip().splitlines()
     assert len(lines) == len(damaged) + 1 and "4 damaged or missing" in lines[-1]
     for rel, what in ((pseudo, "round 0's pseudo-labels of 2 image(s)"), (prelim, "round 0's preliminary results"),
-                      (model, "round 0's segmentation model"), (chunk, f"image {image}")):
+                      (model, "round 0's segmentation model"), (chunk, "the corpus's images of ")):
         line = next(x for x in lines if x.startswith(f"{rel}: "))
         assert what in line
     assert "`wsseg ingest SOURCE --run-dir" in next(x for x in lines if x.startswith(f"{chunk}: "))

@@ -131,8 +131,22 @@ def test_another_class_list_recomputes_and_equals_a_fresh_run(tmp_path, prefect_
 
 
 
-def _mtimes(run: Path, ids: list[str]) -> dict[str, int]:
-    return {i: (run / "corpus" / "images.zarr" / i / "zarr.json").stat().st_mtime_ns for i in ids}
+def _mtimes(run: Path, ids: list[str]) -> dict[str, tuple]:
+    """Where each image lies (its pack, offset) and when that pack was written: what a rewrite changes."""
+    from wsseg.tasks.store import packs
+
+    group = run / "corpus" / "images"
+    packs.forget(group)
+    out = {}
+    for i in ids:
+        pack, offset = packs.index_of(group).lookup(i)[:2]
+        out[i] = (pack, offset, (group / "packs" / pack).stat().st_mtime_ns)
+    return out
+
+
+def _corpus_files(run: Path) -> dict[str, bytes]:
+    corpus = run / "corpus"
+    return {str(p.relative_to(corpus)): p.read_bytes() for p in sorted(corpus.rglob("*")) if p.is_file()}
 
 
 def test_ingest_again_and_refresh_label_only_what_is_new(tmp_path, prefect_harness, one_torch_thread):
@@ -170,7 +184,7 @@ def test_ingest_again_and_refresh_label_only_what_is_new(tmp_path, prefect_harne
     assert report["changed_images"] == {"added": ["9_17_s", "5_26_s"], "removed": ["2_18_s"],
                                         "changed": ["12_27_s"], "retagged": ["1_29_s"]}
     assert _mtimes(run, kept) == stamps  # unchanged images: not decoded, not rewritten
-    assert not (run / "corpus" / "images.zarr" / "2_18_s").exists()
+    assert not Store(run).has_stored_image("2_18_s") and Store(run).mask("2_18_s") is None
     for i in ("12_27_s", "1_29_s", "2_18_s"):  # stale labels are gone from the round
         assert not store.has_pseudo(0, i)
     st = run_status(store)
@@ -230,7 +244,7 @@ def test_a_refused_ingest_again_keeps_the_stored_images(tmp_path, prefect_harnes
     ingest(str(src), str(run), shard_size=2)
     store = Store(run)
     old = {i: (store.image(i), store.mask(i)) for i in ids}
-    manifest = store.manifest()
+    manifest, files = store.manifest(), _corpus_files(run)
     # one image re-encoded (other pixels), one new image that cannot be read
     Image.open(src / "images" / "12_27_s.jpg").save(src / "images" / "12_27_s.jpg", quality=40)
     shutil.copy(src / "images" / "12_25_s.jpg", src / "images" / "zz_new.jpg")
@@ -243,8 +257,8 @@ def test_a_refused_ingest_again_keeps_the_stored_images(tmp_path, prefect_harnes
     assert store.manifest() == manifest
     for i in ids:
         assert np.array_equal(store.image(i), old[i][0]) and np.array_equal(store.mask(i), old[i][1]), i
-    assert not (run / "corpus" / "images.zarr" / "zz_new").exists()
-    assert not (run / "corpus" / Store.STAGING).exists()
+    assert _corpus_files(run) == files  # every file of the corpus as it was, none added
+    assert not Store(run).has_stored_image("zz_new")
     # the source fixed: the re-encoded image replaces the stored one
     (src / "images" / "zz_new.jpg").unlink()
     (src / "masks" / "zz_new.png").unlink()
@@ -255,6 +269,75 @@ def test_a_refused_ingest_again_keeps_the_stored_images(tmp_path, prefect_harnes
     assert np.array_equal(store.image("12_27_s"), new) and not np.array_equal(new, old["12_27_s"][0])
     assert np.array_equal(store.mask("12_27_s"), old["12_27_s"][1])
     assert not (run / "corpus" / Store.STAGING).exists()
+
+
+def _as_older_corpus(run: Path) -> None:
+    """Rewrite ``run``'s corpus as a wsseg before the corpus packs wrote it: one single-chunk
+    array per image and mask (``images.zarr/<id>``, ``masks.zarr/<id>``), the same attributes."""
+    from wsseg.tasks.store import Store, chunked, packs
+
+    store = Store(run)
+    for kind in ("images", "masks"):
+        legacy = run / "corpus" / f"{kind}.zarr"
+        legacy.mkdir()
+        (legacy / "zarr.json").write_text(json.dumps({"zarr_format": 3, "node_type": "group", "attributes": {}}))
+        for rec in store.manifest():
+            got = (store.image(rec.image_id) if kind == "images" else store.mask(rec.image_id))
+            if got is not None:
+                attrs = store._corpus_entry(kind, rec.image_id)[1]
+                chunked.write(legacy / rec.image_id, got, {**attrs, "complete": True})
+        shutil.rmtree(run / "corpus" / kind)
+        packs.forget(run / "corpus" / kind)
+    store.record_corpus_usage()
+
+
+def test_an_older_run_directorys_corpus_reads_and_takes_a_changed_image_as_a_pack(tmp_path, prefect_harness):
+    """A corpus of one array per image (an older wsseg's) reads as it did; an ingest again writes
+    the changed image (and its mask) as packs beside it, which win, removes the removed image's
+    arrays and the changed one's old ones, and leaves the unchanged images' arrays as they are."""
+    from wsseg.flows.wsss import ingest
+    from wsseg.tasks.corpus.ingest import decode_image
+    from wsseg.tasks.store import Store
+    from wsseg.tasks.store.check import check_run
+
+    ids = ["12_25_s", "12_27_s", "1_10_s"]
+    src = copy_sample(tmp_path / "src", ids)
+    run = tmp_path / "run"
+    ingest(str(src), str(run), shard_size=2)
+    before = {i: (Store(run).image(i), Store(run).mask(i)) for i in ids}
+    _as_older_corpus(run)
+    assert not (run / "corpus" / "images").exists() and (run / "corpus" / "images.zarr" / "12_25_s").is_dir()
+    store = Store(run)
+    for rec in store.manifest():
+        i = rec.image_id
+        assert np.array_equal(store.image(i), before[i][0]) and np.array_equal(store.mask(i), before[i][1])
+        assert store.has_image(i, rec.sha256) and store.image_shape(i) == before[i][0].shape
+        assert store.has_stored_mask(i, json.loads((run / "corpus" / "masks.zarr" / i / "zarr.json").read_text())
+                                     ["attributes"]["sha256"])
+    assert check_run(store)["ok"]
+
+    # one image re-encoded (other pixels), one removed from the source
+    Image.open(src / "images" / "12_27_s.jpg").save(src / "images" / "12_27_s.jpg", quality=40)
+    (src / "images" / "1_10_s.jpg").unlink()
+    (src / "masks" / "1_10_s.png").unlink()
+    (src / "labels.csv").write_text("".join(ln for ln in (src / "labels.csv").read_text().splitlines(True)
+                                            if not ln.startswith("1_10_s,")))
+    s = ingest(str(src), str(run), shard_size=2)
+    assert {k: s["changes"][k] for k in ("changed", "removed", "unchanged", "decoded")} == \
+        {"changed": 1, "removed": 1, "unchanged": 1, "decoded": 1}
+    store = Store(run)
+    new = decode_image(src / "images" / "12_27_s.jpg")[0]
+    assert np.array_equal(store.image("12_27_s"), new) and not np.array_equal(new, before["12_27_s"][0])
+    assert np.array_equal(store.mask("12_27_s"), before["12_27_s"][1])
+    assert np.array_equal(store.image("12_25_s"), before["12_25_s"][0])
+    assert not store.has_stored_image("1_10_s") and store.mask("1_10_s") is None
+    corpus = run / "corpus"
+    assert sorted(p.name for p in (corpus / "images.zarr").iterdir()) == ["12_25_s", "zarr.json"]
+    assert sorted(p.name for p in (corpus / "masks.zarr").iterdir()) == ["12_25_s", "zarr.json"]
+    assert len(list((corpus / "images" / "packs").glob("*.pack"))) == 1
+    assert check_run(store)["ok"]
+    files = [p for p in corpus.rglob("*") if p.is_file() and p.name != "usage.json"]
+    assert json.loads((corpus / "usage.json").read_text())["files"] == len(files)
 
 
 def test_refresh_of_a_later_round_first_gives_the_image_its_round_0_label(tmp_path, prefect_harness, one_torch_thread):

@@ -78,9 +78,14 @@ def test_corpus_changes_sorts_each_image():
     assert corpus_changes([], now)["added"] == ["a", "c", "d", "e"]
 
 
+def _files(folder):
+    return sorted(str(p.relative_to(folder)) for p in folder.rglob("*") if p.is_file())
+
+
 def test_ingest_again_decodes_only_what_changed(tmp_path, monkeypatch):
     """The shard of an ingest again hashes the files; an unchanged image or mask is not decoded
-    and its array not rewritten, a changed mask is read again."""
+    and nothing is written, a changed mask is read again. The shard writes one pack of images and
+    one of masks, read once the ingest is accepted."""
     from PIL import Image
 
     from wsseg.tasks.store import Store
@@ -92,8 +97,13 @@ def test_ingest_again_decodes_only_what_changed(tmp_path, monkeypatch):
     run = str(tmp_path / "run")
     first = pl.ingest_shard(run, list(items), items, 21)
     assert first["decoded"] == 2 and all(r["has_mask"] for r in first["records"])
-    meta = {k: tmp_path / "run" / "corpus" / f"{k}.zarr" / "12_25_s" / "zarr.json" for k in ("images", "masks")}
-    stamps = {k: p.stat().st_mtime_ns for k, p in meta.items()}
+    assert not Store(run).has_stored_image("12_25_s")  # staged until the ingest is accepted
+    Store(run).commit_staged(first["staged"])
+    corpus = tmp_path / "run" / "corpus"
+    assert [f.split("/")[0] for f in _files(corpus) if f.endswith(".pack")] == ["images", "masks"]
+    assert len(_files(corpus)) == 8  # a pack, its keys and index, and the group's packs.json, for each
+    assert Store(run).image_shape("12_25_s") == Store(run).image("12_25_s").shape
+    stamps = _files(corpus)
     decoded = []
     monkeypatch.setattr(pl, "decode_image", lambda *a, **k: decoded.append(a) or (_ for _ in ()).throw(AssertionError))
     masks = []
@@ -102,7 +112,7 @@ def test_ingest_again_decodes_only_what_changed(tmp_path, monkeypatch):
     again = pl.ingest_shard(run, list(items), items, 21)
     assert again["decoded"] == 0 and not decoded and not masks
     assert again["records"] == first["records"]
-    assert {k: p.stat().st_mtime_ns for k, p in meta.items()} == stamps
+    assert _files(corpus) == stamps  # nothing written, nothing staged
     m = np.asarray(Image.open(src / "masks" / "12_25_s.png")).copy()
     m[:4, :4] = 255
     Image.fromarray(m).save(src / "masks" / "12_25_s.png")

@@ -141,6 +141,9 @@ def test_mask_values_outside_the_classes_are_refused(tmp_path, sample_dir):
     assert [r["image_id"] for r in res["records"]] == ["12_25_s"] and res["written"] == ["12_25_s"]
     assert res["rejected"][0]["image_id"] == "10_3_s" and "[40] outside the class indices 0..20" in res["problems"][0]
     store = Store(tmp_path / "run")
+    assert store.mask("12_25_s") is None  # staged: read once the ingest is accepted
+    store.commit_staged(res["staged"])
+    store = Store(tmp_path / "run")
     with pytest.raises(KeyError):
         store.image("10_3_s")
     assert store.mask("10_3_s") is None and store.mask("12_25_s") is not None

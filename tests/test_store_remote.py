@@ -108,8 +108,12 @@ def test_ingest_and_a_round_on_s3_match_a_local_run(tmp_path, s3, s3_cluster, ti
     fs = fsspec.filesystem("s3", endpoint_url=s3, use_listings_cache=False, skip_instance_cache=True)
     keys = fs.find("bucket/run")
     for key in ("corpus/manifest.parquet", "config.json", "summary.json", "classifier.pt", "rounds/r000/round.json",
-                "rounds/r000/model.pt", "rounds/r000/overlay.png", f"corpus/images.zarr/{IDS[0]}/zarr.json"):
+                "rounds/r000/model.pt", "rounds/r000/overlay.png", "corpus/images/packs.json",
+                "corpus/masks/packs.json"):
         assert f"bucket/run/{key}" in keys, key
+    # the corpus packed by shard: its indexes published, nothing left staged, no per-image arrays
+    assert any(k.startswith("bucket/run/corpus/images/packs/") and k.endswith(".json") for k in keys)
+    assert not any("/corpus/staging" in k or "/corpus/images.zarr" in k for k in keys)
     assert not Path("s3:").exists() and not (tmp_path / "s3:").exists()
     # MLflow's database and Prefect's home lie in the local state folder
     assert (tmp_path / "state" / "mlflow.db").is_file()

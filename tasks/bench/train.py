@@ -73,11 +73,12 @@ def prepare_corpus(run_dir: str | os.PathLike, source: str | os.PathLike = SAMPL
         by_id = {it.image_id: dict(image_path=str(it.image_path), mask_path=str(it.mask_path) if it.mask_path else None,
                                    tags=list(it.tags), split=it.split) for it in items}
         t0 = time.perf_counter()
+        store.drop_staged()  # what a stopped earlier attempt staged
         res = pl.ingest_shard(str(store.root), list(by_id), by_id)
         if res["problems"]:
             raise ing.IngestError(res["problems"])
         recs = [ImageRecord(**(r | {"tags": tuple(r["tags"])})) for r in res["records"]]
-        store.commit_staged(res["staged"])  # arrays a stopped earlier attempt left: replaced
+        store.commit_staged(res["staged"])  # images a stopped earlier attempt left: replaced
         store.write_corpus(recs, classes)
         say(f"ingested {len(recs)} images from {source} in {time.perf_counter() - t0:.1f}s")
     records = [r for r in store.manifest() if r.has_mask]

@@ -9,9 +9,11 @@ What is read, and what it is verified against:
   against the index, its keys against its entries, its index against the digest of its entries
   (a pack of an older wsseg, without digests: every entry decoded); every image of a shard whose
   marker says done must have its entry (:func:`tasks.store.packs.verify`);
-* **the corpus's arrays** (images, masks, corrections): every array the manifest or the
-  corrections index names, decoded (its zstd frame carries a checksum of its content) and its shape
-  compared with the manifest's;
+* **the corpus** (images, masks, corrections): its packs of images and masks as the other packs,
+  every image and mask the manifest names present in one (its shape from the pack's index compared
+  with the manifest's); an older run directory's per-image arrays and the corrections, every one
+  the manifest or the corrections index names decoded (its zstd frame carries a checksum of its
+  content) and its shape compared with the manifest's;
 * **checkpoints** (the image classifier, each round's segmenter, MIL and proposal classifiers,
   training states, a benchmark's models): every zip member's CRC-32, then read as a checkpoint; a
   finished round's checkpoints must be there;
@@ -28,8 +30,9 @@ belongs to counts as unfinished (its ``round.json`` and the run's ``summary.json
 ``wsseg train`` computes that shard, and nothing else, again (the round's models are kept); a
 damaged or missing checkpoint of a round makes the round unfinished too (its trainer computes it
 again), one of the image classifier removes the summary (``train`` trains it again). What only the
-source can bring back (the manifest, the class list, an image or mask array) is moved aside
-(``*.damaged``) and named: ``wsseg ingest SOURCE`` writes it again (its content unchanged, every
+source can bring back (the manifest, the class list, a pack of images or masks, an image or mask
+array) is moved aside (``*.damaged``; a pack's names are dropped from the group's other packs) and
+named: ``wsseg ingest SOURCE`` writes it again (its content unchanged, every
 result computed from it is kept); corrections come back from their file
 (``wsseg ingest --corrections PATH``).
 """
@@ -232,15 +235,74 @@ class _Checker:
                "(--repair moves it aside; the rounds are computed again with the corrections there are)"
         index = self.json_record(corpus / "corrections.json", corr, self.aside(corpus / "corrections.json"),
                                  source=True)
+        packed = {kind: self.corpus_packs(kind, ingest) for kind in ("images", "masks")}
         for rec in self.records or []:
             if valid_id(rec.image_id):
-                self.array(corpus / "images.zarr" / rec.image_id, (rec.height, rec.width, 3), ingest, True)
+                self.corpus_entry("images", rec.image_id, (rec.height, rec.width, 3), packed["images"], ingest)
                 if rec.has_mask:
-                    self.array(corpus / "masks.zarr" / rec.image_id, (rec.height, rec.width), ingest, True)
+                    self.corpus_entry("masks", rec.image_id, (rec.height, rec.width), packed["masks"], ingest)
         shapes = {rec.image_id: (rec.height, rec.width) for rec in self.records or []}
         for iid in sorted((index or {}).get("images", {})):
             if valid_id(iid):
                 self.array(corpus / "corrections.zarr" / iid, shapes.get(iid), corr, True)
+
+    def corpus_packs(self, kind: str, action: str) -> dict[str, tuple]:
+        """The corpus's pack group ``kind`` (``images``, ``masks``) verified as the stages' groups
+        are; a damaged pack is moved aside by repair and its images named: only the source brings
+        them back. Returns, for each name, where its newest entry lies: ``(written, shape, pack,
+        sound)``."""
+        group = self.store.corpus_dir / kind
+        newest: dict[str, tuple] = {}
+        if not group.exists():
+            return newest
+        self.json_record(group / packs.INDEX_FILE, "--repair writes a new generation (the packs are kept)",
+                         lambda: packs.remove_packs(group, []))
+        for rec in packs.verify(group):
+            for f in rec["files"]:
+                self.count(group / "packs" / f)
+            pack = group / "packs" / f"{rec['stem']}.pack"
+            for name, e in rec["entries"].items():
+                if name not in newest or rec["written"] > newest[name][0]:
+                    newest[name] = (rec["written"], tuple(e[3]), pack, rec["problem"] is None)
+            if rec["problem"] is None:
+                continue
+            path, names = group / "packs" / rec["file"], sorted(rec["names"])
+            what = holds(self.rel(path)) + (f" of {len(names)} image(s): {', '.join(names[:5])}"
+                                            f"{', ...' if len(names) > 5 else ''}" if names else "")
+            self.add(path, rec["problem"], action, holds=what, source=True,
+                     fixes=[self.pack_aside(group, rec["stem"], names)])
+        return newest
+
+    @staticmethod
+    def pack_aside(group, stem: str, names: list[str]) -> Callable[[], None]:
+        """Move a corpus pack's files aside (``*.damaged``) and drop its names from the group's other
+        packs: an older version of an image is not read in its place, the ingest writes it again."""
+        def fix() -> None:
+            for suffix in (".json", ".keys", ".pack"):
+                path = group / "packs" / f"{stem}{suffix}"
+                if path.exists():
+                    replace(path, path.with_name(path.name + ".damaged"))
+            packs.remove_packs(group, [], names)
+        return fix
+
+    def corpus_entry(self, kind: str, iid: str, shape: tuple, packed: dict[str, tuple], action: str) -> None:
+        """Image (or mask) ``iid`` of the manifest: in a pack (verified whole by :meth:`corpus_packs`,
+        its shape from the index compared with the manifest's), or an older run directory's
+        per-image array, decoded; a finding when neither holds it."""
+        got = packed.get(iid)
+        if got is not None:
+            _, stored, pack, sound = got
+            if sound and stored != tuple(shape):
+                group = pack.parent.parent
+                self.add(pack, f"damaged: holds a {stored} array of {iid} where the manifest says {tuple(shape)}",
+                         action, holds=f"{holds(self.rel(pack))} of 1 image(s): {iid}", source=True,
+                         fixes=[lambda: packs.remove_packs(group, [], [iid])])
+            return
+        corpus = self.store.corpus_dir
+        if (corpus / f"{kind}.zarr").exists():  # an older run directory's per-image arrays
+            self.array(corpus / f"{kind}.zarr" / iid, shape, action, True)
+        else:
+            self.add(corpus / kind / iid, "missing", action, source=True)
 
     def footer(self, manifest, footer: dict, action: str, fixes: list) -> None:
         """The manifest's rows against the counts and hashes of each split its footer recorded."""

@@ -34,6 +34,8 @@ def holds(rel: str) -> str:
 
     >>> holds("rounds/r002/pseudo/packs/a.1.x.pack"), holds("corpus/images.zarr/img7/c/0/0/0")
     ("round 2's pseudo-labels", 'image img7')
+    >>> holds("corpus/images/packs/a.1.x.pack"), holds("corpus/masks/img7")
+    ("the corpus's images", 'the ground-truth mask of image img7')
     """
     parts = rel.split("/")
     if rel in _RUN_FILES:
@@ -42,8 +44,12 @@ def holds(rel: str) -> str:
         kind, iid = parts[1][:-len(".zarr")], parts[2]
         return {"images": f"image {iid}", "masks": f"the ground-truth mask of image {iid}",
                 "corrections": f"a person's corrected labels of image {iid}"}.get(kind, f"corpus array {kind}/{iid}")
+    if len(parts) >= 3 and parts[0] == "corpus" and parts[1] in ("images", "masks"):
+        if parts[2] == "packs":
+            return "the corpus's images" if parts[1] == "images" else "the corpus's ground-truth masks"
+        return f"image {parts[2]}" if parts[1] == "images" else f"the ground-truth mask of image {parts[2]}"
     if parts[0] == "corpus" and len(parts) > 1 and parts[1] == "staging":
-        return "an ingest's staged arrays (not yet accepted)"
+        return "an ingest's staged packs (not yet accepted)"
     if parts[0] == "cache" and len(parts) > 1:
         return f"feature-cache entries ({parts[1]})"
     m = re.fullmatch(r"r(\d{3})", parts[1]) if parts[0] == "rounds" and len(parts) > 2 else None

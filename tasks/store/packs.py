@@ -41,9 +41,10 @@ from numcodecs import Zstd
 
 from wsseg.tasks.store import chunked
 from wsseg.tasks.store.damage import DamagedFileError
-from wsseg.tasks.store.remote import is_local, listdir
+from wsseg.tasks.store.remote import is_local, listdir, replace
 
-__all__ = ["PackWriter", "GroupIndex", "index_of", "drop", "usage", "forget", "verify", "remove_packs", "INDEX_FILE"]
+__all__ = ["PackWriter", "GroupIndex", "index_of", "drop", "usage", "forget", "verify", "remove_packs", "publish",
+           "discard", "staged_names", "INDEX_FILE"]
 
 INDEX_FILE = "packs.json"
 #: each array one zstd frame with its content's checksum (XXH64), verified by every decode
@@ -94,25 +95,29 @@ def _hashes(names: Iterable[str]) -> np.ndarray:
 
 class PackWriter:
     """The arrays one shard writes to one pack group, held until :meth:`flush` (nothing is on
-    disk before: a shard cut short leaves no part of its pack)."""
+    disk before: a shard cut short leaves no part of its pack). ``staging``: a folder that takes
+    the pack's index instead of the group's ``packs/``, so that the pack exists for readers only
+    once :func:`publish` moves its index in (an ingest's images, until the ingest is accepted)."""
 
-    def __init__(self, group, shard: str):
-        self.group, self.shard = group, shard
+    def __init__(self, group, shard: str, staging=None):
+        self.group, self.shard, self.staging = group, shard, staging
         self.entries: dict[str, tuple[np.ndarray, dict | None]] = {}
+        self.nbytes = 0
 
     def put(self, name: str, arr: np.ndarray, attrs: dict | None = None) -> None:
         arr = np.asarray(arr)
         if _le(arr.dtype).str not in _DTYPES:
             raise ValueError(f"{self.group}: {arr.dtype} arrays cannot be packed")
         self.entries[name] = (np.array(arr, copy=True), attrs)
+        self.nbytes += arr.nbytes
 
     def get(self, name: str) -> tuple[np.ndarray, dict] | None:
         e = self.entries.get(name)
         return None if e is None else (e[0], dict(e[1] or {}))
 
     def flush(self) -> dict:
-        """Write the pack, its keys, then its index; returns ``{"files": 3, "bytes": ...}``
-        (nothing when empty)."""
+        """Write the pack, its keys, then its index, and empty the writer; returns ``{"files": 3,
+        "bytes": ...}`` (nothing when empty)."""
         if not self.entries:
             return {"files": 0, "bytes": 0}
         stem = f"{self.shard}.{secrets.token_hex(4)}"
@@ -135,6 +140,10 @@ class PackWriter:
         meta = json.dumps({"pack": f"{stem}.pack", "written": written, "bytes": offset, "blake2b": _digest(data),
                            "entries_blake2b": _entries_digest(index), "entries": index},
                           separators=(",", ":")).encode()
+        self.entries, self.nbytes = {}, 0
+        if self.staging is not None:  # visible once published
+            _write_bytes(self.staging / f"{stem}.json", meta)
+            return {"files": 3, "bytes": offset + len(keys) + len(meta)}
         _write_bytes(folder / f"{stem}.json", meta)  # the index last: it makes the pack visible
         ix = _INDEXES.get(str(self.group))
         if ix is not None:  # this process reads what it wrote
@@ -385,6 +394,41 @@ def drop(group, names: Iterable[str]) -> int:
     return removed
 
 
+def publish(group, staging) -> int:
+    """Move the pack indexes written to ``staging`` (:class:`PackWriter`'s ``staging``) into
+    ``group``: their packs exist for readers from now on, and, written after every pack the group
+    held, win over them. Returns how many packs were published."""
+    names = sorted(n for n in listdir(staging) if n.endswith(".json"))
+    for n in names:
+        replace(staging / n, group / "packs" / n)
+    forget(group)
+    return len(names)
+
+
+def discard(group, staging) -> None:
+    """Remove the packs whose index waits in ``staging`` (each index first, then its pack and keys
+    in ``group``): what a refused ingest wrote."""
+    for n in listdir(staging):
+        if n.endswith(".json"):
+            stem = n[:-len(".json")]
+            _remove_file(staging / n)
+            for suffix in (".pack", ".keys"):
+                _remove_file(group / "packs" / f"{stem}{suffix}")
+
+
+def staged_names(staging) -> set[str]:
+    """The entries of the pack indexes waiting in ``staging``."""
+    out: set[str] = set()
+    for n in listdir(staging):
+        if n.endswith(".json"):
+            path = staging / n
+            try:
+                out.update(json.loads(path.read_bytes())["entries"])
+            except (ValueError, KeyError, TypeError) as e:
+                raise DamagedFileError(path, f"damaged: not a pack index ({e})") from None
+    return out
+
+
 def _remove_file(path) -> None:
     if is_local(path):
         path.unlink(missing_ok=True)
@@ -397,14 +441,16 @@ def verify(group) -> list[dict]:
     against their digest (a pack of an older wsseg, without one: every entry decoded), its length,
     its keys against its entries, its entries against their digest. One dict per pack: ``stem``,
     ``files`` (its file names), ``bytes`` (read), ``names`` (its entries; empty when its index
-    does not read), ``problem`` (None when sound) and ``file`` (the file the problem is in). A pack
+    does not read), ``entries`` (name -> offset, length, dtype, shape, attributes), ``written``,
+    ``problem`` (None when sound) and ``file`` (the file the problem is in). A pack
     without an index (a shard cut short before it) does not exist for readers and is left out."""
     folder = group / "packs"
     listed = {n for n in listdir(folder) if not n.startswith(".")}
     out = []
     for stem in sorted(n[:-len(".json")] for n in listed if n.endswith(".json")):
         files = [f"{stem}{s}" for s in (".pack", ".keys", ".json") if f"{stem}{s}" in listed]
-        rec = {"stem": stem, "files": files, "bytes": 0, "names": [], "problem": None, "file": None}
+        rec = {"stem": stem, "files": files, "bytes": 0, "names": [], "entries": {}, "written": 0, "problem": None,
+               "file": None}
         out.append(rec)
 
         def bad(suffix: str, problem: str) -> None:
@@ -415,7 +461,7 @@ def verify(group) -> list[dict]:
         try:
             d = json.loads(raw)
             entries = d["entries"]
-            rec["names"] = list(entries)
+            rec["names"], rec["entries"], rec["written"] = list(entries), entries, d.get("written", 0)
         except (ValueError, KeyError, TypeError) as e:
             bad(".json", f"damaged: its index is not readable JSON ({e})")
             continue

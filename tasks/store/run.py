@@ -9,9 +9,10 @@ Layout of a run directory::
                                    the counts and content hash of each split (`wsseg status`)
       corpus/usage.json            the corpus folder's files and bytes, counted when written
       corpus/classes.json          class names and the implicit background class (or null)
-      corpus/images.zarr/<id>      (H, W, 3) uint8, one array (= one chunk) per image
-      corpus/masks.zarr/<id>       (H, W) uint8 ground truth, for evaluation only
-      corpus/staging/              an ingest's arrays that replace stored ones, until it is accepted
+      corpus/images/packs/         (H, W, 3) uint8 images, packed by ingest shard (sha256 of the file)
+      corpus/masks/packs/          (H, W) uint8 ground truth, for evaluation only, packed likewise
+      corpus/staging/              the indexes of an ingest's packs, until the ingest is accepted
+      corpus/corrections.zarr/<id> a person's corrected labels, one array per image
       cache/<stage>-<key>/packs/   per-image stage outputs, content-addressed: the key hashes
                                    the stage's parameters, each entry is named by the image
                                    bytes' sha, so a changed image or parameter recomputes and
@@ -28,15 +29,16 @@ Layout of a run directory::
       summary.json                 the table of rounds, written at the end of `wsseg train`
       refresh.json                 the last `wsseg refresh`: new images labelled with a round's models
 
-The per-image arrays of the stages (feature cache, preliminary results, labels) are packed by
-shard (:mod:`tasks.store.packs`): a shard task writes one pack and its index per group at its end
-(:meth:`Store.packing`), so files grow with shards, not images. The corpus's images, masks and
-corrections are one single-chunk Zarr array per image, written and read locally by
-:mod:`tasks.store.chunked` (the same files, without zarr's per-call machinery). Every pack and
-array is written by exactly one process, and a marker is written (by an atomic rename) only after
-the data, so an interrupted run is resumed by re-running it. A run directory of an older wsseg
-(one array per image in ``prelim.zarr``, ``pseudo.zarr`` and the cache) still reads; new shards
-write packs beside its arrays.
+The per-image arrays of the stages (feature cache, preliminary results, labels) and the corpus's
+images and masks are packed by shard (:mod:`tasks.store.packs`): a shard task writes one pack and
+its index per group at its end (:meth:`Store.packing`), so files grow with shards, not images; an
+ingest's indexes wait in ``corpus/staging/`` until the ingest is accepted. Corrections are one
+single-chunk Zarr array per image, written and read locally by :mod:`tasks.store.chunked` (the
+same files, without zarr's per-call machinery). Every pack and array is written by exactly one
+process, and a marker is written (by an atomic rename) only after the data, so an interrupted run
+is resumed by re-running it. A run directory of an older wsseg (one array per image in
+``prelim.zarr``, ``pseudo.zarr``, the cache, ``corpus/images.zarr`` and ``corpus/masks.zarr``)
+still reads; new shards and ingests write packs beside its arrays.
 
 The run directory may also be an fsspec URL (``s3://bucket/run``, ``gs://...``; ``file://`` is a
 local path): the same layout then lies on object storage, reached through fsspec (Zarr's
@@ -331,16 +333,19 @@ class Store:
         self._checked.add(key)
         return packs.index_of(group, check)
 
-    def _put_packed(self, group: Path, name: str, arr: np.ndarray, attrs: dict | None = None) -> None:
+    def _put_packed(self, group: Path, name: str, arr: np.ndarray, attrs: dict | None = None,
+                    staging: Path | None = None) -> None:
         """``arr`` as entry ``name`` of pack group ``group``: into the open :meth:`packing` block's
-        pack, or else a pack of its own."""
+        pack, or else a pack of its own. ``staging``: the pack's index waits there until
+        :func:`tasks.store.packs.publish` (reads do not see it before)."""
         if self._batch is not None:
-            w = self._batch.get(str(group))
+            key = str(group if staging is None else staging)
+            w = self._batch.get(key)
             if w is None:
-                w = self._batch[str(group)] = packs.PackWriter(group, self._batch_shard)
+                w = self._batch[key] = packs.PackWriter(group, self._batch_shard, staging)
             w.put(name, arr, attrs)
             return
-        w = packs.PackWriter(group, name)
+        w = packs.PackWriter(group, name, staging)
         w.put(name, arr, attrs)
         w.flush()
 
@@ -419,22 +424,29 @@ class Store:
         return path
 
     def drop_images(self, image_ids: Iterable[str]) -> None:
-        """Remove the image and mask arrays of ``image_ids`` (an ingest that refuses undoes its
-        writes), and the corpus folders this leaves empty."""
+        """Remove the images and masks of ``image_ids`` (images no longer in the source): their
+        entries from the corpus's packs, and an older run directory's per-image arrays."""
+        image_ids = [i for i in image_ids if valid_id(i)]
+        if not image_ids:
+            return
+        for kind in ("images", "masks"):
+            if (self._corpus_group(kind) / packs.INDEX_FILE).exists():
+                packs.drop(self._corpus_group(kind), image_ids)
+            self._drop_legacy(kind, image_ids)
+
+    def _drop_legacy(self, kind: str, image_ids: list[str]) -> None:
+        """Remove the per-image arrays ``kind`` of ``image_ids`` of an older run directory's
+        corpus, and its per-image folder once it is empty."""
         from wsseg.tasks.store.remote import listdir, rmtree
 
-        image_ids = list(image_ids)
-        for group in (self.corpus_dir / "images.zarr", self.corpus_dir / "masks.zarr"):
-            for iid in image_ids:
-                if valid_id(iid):
-                    rmtree(group / iid)
-            if not self.remote:
-                if group.is_dir() and not any(p.name != "zarr.json" for p in group.iterdir()):
-                    shutil.rmtree(group, ignore_errors=True)
-            elif not any(n != "zarr.json" for n in listdir(group)):
-                rmtree(group)
-        if not self.remote and self.corpus_dir.is_dir() and not any(self.corpus_dir.iterdir()):
-            self.corpus_dir.rmdir()
+        group = self._corpus_legacy(kind)
+        if not image_ids or not (group / "zarr.json").exists():
+            return
+        for iid in image_ids:
+            rmtree(group / iid)
+        if not any(n != "zarr.json" for n in listdir(group)):
+            rmtree(group)
+        self._legacy.pop(str(group), None)
 
     def corpus_summary(self) -> dict | None:
         """``{"images": n, "splits": {split: {"images": k, "hash": corpus_hash}}}`` from the
@@ -474,93 +486,139 @@ class Store:
             recs = [r for r in recs if r.split == split]
         return recs
 
-    #: where an ingest puts the new arrays of images that replace stored ones until it is accepted
+    #: where an ingest's corpus packs wait (their indexes) until the ingest is accepted
     STAGING = "staging"
+    #: raw bytes of images a shard holds before it writes them as a pack (:meth:`flush_packed`)
+    CORPUS_PACK_BYTES = 256 << 20
 
-    def _corpus_group(self, kind: str, staged: bool) -> Path:
-        return (self.corpus_dir / self.STAGING if staged else self.corpus_dir) / f"{kind}.zarr"
+    def _corpus_group(self, kind: str) -> Path:
+        """The pack group of the corpus's ``images`` or ``masks``."""
+        return self.corpus_dir / kind
+
+    def _corpus_legacy(self, kind: str) -> Path:
+        """An older run directory's per-image arrays of ``kind`` (``images.zarr``, ``masks.zarr``)."""
+        return self.corpus_dir / f"{kind}.zarr"
+
+    def _corpus_staging(self, kind: str) -> Path:
+        return self.corpus_dir / self.STAGING / kind
+
+    def _corpus_entry(self, kind: str, image_id: str, data: bool = False) -> tuple | None:
+        """``(array or None, attributes)`` of a stored image or mask (``data``: the array is read),
+        from the corpus's packs (the newest holding it) or an older run directory's per-image
+        arrays; None when neither holds it. A miss lists nothing again: the corpus changes only
+        when an ingest publishes its packs, and this instance's first look (a task's) saw them."""
+        group, legacy = self._corpus_group(kind), self._corpus_legacy(kind)
+        if self._batch is not None and str(group) in self._batch:
+            got = self._batch[str(group)].get(image_id)
+            if got is not None:
+                return got if data else (None, got[1])
+        ix = self._pack_index(group)
+        e = ix.lookup(image_id, look_again=False)
+        if e is not None:
+            if not data:
+                return None, dict(e[5])
+            got = ix.read(image_id)
+            if got is not None:
+                return got
+        if not self._has_legacy(legacy):
+            return None
+        attrs = self._legacy_attrs(legacy, image_id)
+        if attrs is None or not data:
+            return None if attrs is None else (None, attrs)
+        arr = self._read_array(legacy, image_id)
+        return None if arr is None else (arr, attrs)
 
     def has_stored_image(self, image_id: str) -> bool:
-        """Whether an image array of ``image_id`` is stored, whatever its content."""
-        return (self.corpus_dir / "images.zarr" / image_id / "zarr.json").exists()
-
-    @staticmethod
-    def _stored_attrs(meta: Path) -> dict:
-        """The attributes of the array whose metadata is ``meta``; none when it is missing or
-        damaged (an ingest then decodes the image again and writes it anew)."""
-        try:
-            return json.loads(meta.read_text()).get("attributes", {})
-        except (OSError, ValueError, AttributeError):
-            return {}
+        """Whether an image of ``image_id`` is stored, whatever its content."""
+        return self._corpus_entry("images", image_id) is not None
 
     def put_image(self, image_id: str, image: np.ndarray, sha256: str, staged: bool = False) -> None:
-        """Store an image; ``staged``: into the staging area, where it waits for
-        :meth:`commit_staged` (an ingest that replaces a stored image writes it there, so that
-        a refused ingest leaves the stored one as it was)."""
-        self._write_array(self._corpus_group("images", staged), image_id, image, {"sha256": sha256})
+        """Store an image (into the open :meth:`packing` block's pack of the corpus's images);
+        ``staged``: its pack's index waits in the staging area until :meth:`commit_staged`, so
+        that a refused ingest leaves the stored corpus as it was (:meth:`drop_staged`)."""
+        self._put_corpus("images", image_id, image, {"sha256": sha256}, staged)
 
-    def commit_staged(self, image_ids: Iterable[str]) -> None:
-        """Move the staged image and mask arrays of ``image_ids`` over the stored ones."""
-        from wsseg.tasks.store.remote import copytree, rmtree
+    def _put_corpus(self, kind: str, image_id: str, arr: np.ndarray, attrs: dict | None, staged: bool) -> None:
+        self._put_packed(self._corpus_group(kind), image_id, arr, attrs,
+                         staging=self._corpus_staging(kind) if staged else None)
 
-        for iid in image_ids:
-            if not valid_id(iid):
-                continue
-            new_image = (self._corpus_group("images", True) / iid / "zarr.json").exists()
-            for kind in ("images", "masks"):
-                src, dst = self._corpus_group(kind, True) / iid, self._corpus_group(kind, False) / iid
-                there = (src / "zarr.json").exists()
-                if not there and not (kind == "masks" and new_image):
-                    continue
-                rmtree(dst)  # a replaced image's old mask goes with it, even when the new one has none
-                if not there:
-                    continue
-                if self.remote:
-                    copytree(src, dst)
-                    rmtree(src)
-                else:
-                    dst.parent.mkdir(parents=True, exist_ok=True)
-                    os.replace(src, dst)
+    def commit_staged(self, image_ids: Iterable[str] = ()) -> None:
+        """Publish the staged packs of images and masks: written after every stored one, they win
+        over the stored images and masks they replace. ``image_ids``: the ids whose stored image or
+        mask is replaced; a replaced image's old mask goes with it, even when the new one has none,
+        and an older run directory's per-image arrays of them are removed."""
+        image_ids = [i for i in image_ids if valid_id(i)]
+        if image_ids:
+            new_images = packs.staged_names(self._corpus_staging("images"))
+            new_masks = packs.staged_names(self._corpus_staging("masks"))
+            unmasked = [i for i in image_ids if i in new_images and i not in new_masks]
+            if unmasked and (self._corpus_group("masks") / packs.INDEX_FILE).exists():
+                packs.drop(self._corpus_group("masks"), unmasked)
+            self._drop_legacy("images", [i for i in image_ids if i in new_images])
+            self._drop_legacy("masks", [i for i in image_ids if i in new_images or i in new_masks])
+        for kind in ("images", "masks"):
+            packs.publish(self._corpus_group(kind), self._corpus_staging(kind))
         self.drop_staged()
 
     def drop_staged(self) -> None:
-        """Remove the staging area (what a refused ingest staged)."""
-        from wsseg.tasks.store.remote import rmtree
+        """Remove the staging area: the staged packs (what a refused or stopped ingest wrote), and
+        a corpus group or folder they alone made."""
+        from wsseg.tasks.store.remote import listdir, rmtree
 
+        for kind in ("images", "masks"):
+            group = self._corpus_group(kind)
+            packs.discard(group, self._corpus_staging(kind))
+            if not any(n.endswith(".json") for n in listdir(group / "packs")):
+                rmtree(group)
+                packs.forget(group)
         rmtree(self.corpus_dir / self.STAGING)
+        if not self.remote and self.corpus_dir.is_dir() and not any(self.corpus_dir.iterdir()):
+            self.corpus_dir.rmdir()
+
+    def flush_packed(self, limit: int = 0) -> None:
+        """Write the open :meth:`packing` block's packs now when they hold more than ``limit`` raw
+        bytes, so that a shard of large images holds at most that much (its later arrays go to
+        further packs)."""
+        if self._batch is not None and sum(w.nbytes for w in self._batch.values()) > limit:
+            for w in self._batch.values():
+                w.flush()
 
     def image_shape(self, image_id: str) -> tuple[int, ...]:
-        """Shape of a stored image, read from its metadata (no decoding)."""
-        meta = self.corpus_dir / "images.zarr" / image_id / "zarr.json"
+        """Shape of a stored image, from its pack's index (no decoding)."""
+        e = self._pack_index(self._corpus_group("images")).lookup(image_id, look_again=False)
+        if e is not None:
+            return tuple(e[4])
+        meta = self._corpus_legacy("images") / image_id / "zarr.json"
         try:
             return tuple(json.loads(meta.read_text())["shape"])
         except (ValueError, KeyError, TypeError) as e:
             raise DamagedFileError(meta, f"damaged: not an array's metadata ({type(e).__name__}: {e})") from None
 
     def has_image(self, image_id: str, sha256: str) -> bool:
-        attrs = self._stored_attrs(self.corpus_dir / "images.zarr" / image_id / "zarr.json")
-        return attrs.get("complete", False) and attrs.get("sha256") == sha256
+        got = self._corpus_entry("images", image_id)
+        return got is not None and got[1].get("sha256") == sha256
 
     def image(self, image_id: str) -> np.ndarray:
-        arr = self._read_array(self.corpus_dir / "images.zarr", image_id)
-        if arr is None:
+        got = self._corpus_entry("images", image_id, data=True)
+        if got is None:
             raise KeyError(f"image {image_id!r} is not in the corpus store {self.corpus_dir}")
-        return arr
+        return got[0]
 
     def put_mask(self, image_id: str, mask: np.ndarray, sha256: str | None = None, staged: bool = False) -> None:
         """Store a ground-truth mask; ``sha256``: of the file it was read from (see :meth:`has_stored_mask`);
         ``staged``: as for :meth:`put_image`."""
-        self._write_array(self._corpus_group("masks", staged), image_id, mask, {"sha256": sha256} if sha256 else None)
+        self._put_corpus("masks", image_id, mask, {"sha256": sha256} if sha256 else None, staged)
 
     def has_stored_mask(self, image_id: str, sha256: str) -> bool:
         """Whether the mask of ``image_id`` is stored, read from a file with this sha256 (an
         ingest again of an unchanged mask then decodes nothing)."""
-        attrs = self._stored_attrs(self.corpus_dir / "masks.zarr" / image_id / "zarr.json")
-        return attrs.get("complete", False) and attrs.get("sha256") == sha256
+        got = self._corpus_entry("masks", image_id)
+        return got is not None and got[1].get("sha256") == sha256
 
     def mask(self, image_id: str) -> np.ndarray | None:
         """Ground-truth mask, for evaluation only (None when the corpus has none)."""
-        return self._read_array(self.corpus_dir / "masks.zarr", image_id)
+        got = self._corpus_entry("masks", image_id, data=True)
+        return None if got is None else got[0]
 
     # ------------------------------------------------------------------ corrections
     # A person's corrected label maps (``wsseg ingest --corrections``): one array per image under

@@ -385,48 +385,48 @@ def ingest_shard(run_dir: str, ids: list[str], items: dict[str, dict], n_classes
     values: class indices below ``n_classes`` or 255 = void), so nothing is written for a
     rejected one. Returns ``records``, ``problems`` (one line each), ``rejected`` (one entry
     per image: image_id, file, line, problems), ``notes`` (images composited on
-    ``alpha_background``), ``written`` (ids whose image array this call wrote), ``staged`` (ids whose new image or
-    mask replaces a stored one: written to the store's staging area, moved into place by the
-    flow once the ingest is accepted, see :meth:`tasks.store.Store.commit_staged`) and
-    ``decoded`` (how many images it decoded).
+    ``alpha_background``), ``written`` (ids whose image this call wrote), ``staged`` (ids whose new
+    image or mask replaces a stored one) and ``decoded`` (how many images it decoded). The images
+    and masks go into one pack per group (or a few, :data:`~tasks.store.Store.CORPUS_PACK_BYTES`
+    each) whose index waits in the store's staging area until the flow accepts the ingest
+    (:meth:`tasks.store.Store.commit_staged`): a refused ingest leaves the stored corpus as it was.
 
-    An image (or mask) whose file has the sha256 of the stored array is not decoded again: an
+    An image (or mask) whose file has the sha256 of the stored one is not decoded again: an
     ingest again of a grown source reads and hashes the unchanged files' bytes, nothing more."""
     store = Store(run_dir)
     records, problems, rejected, notes, written, staged = [], [], [], [], [], []
-    for iid in ids:
-        it = items[iid]
-        path = Path(it["image_path"])
-        image = note = mask = mask_sha = None
-        try:
-            sha = sha256_file(path)
-            if store.has_image(iid, sha):
-                shape = store.image_shape(iid)
-            else:
-                image, note = decode_image(path, alpha_background)
-                shape = image.shape
-            if it["mask_path"]:
-                mask_sha = sha256_file(it["mask_path"])
-                if image is not None or not store.has_stored_mask(iid, mask_sha):
-                    mask = load_mask(Path(it["mask_path"]), tuple(shape[:2]), n_classes)
-        except (ValueError, OSError) as e:
-            problems.append(str(e))
-            rejected.append(dict(image_id=iid, file=str(path), line=it.get("line"), problems=[str(e)]))
-            continue
-        # an image or mask that replaces a stored one waits in the staging area until the ingest is accepted
-        stage = (image is not None and store.has_stored_image(iid)) or \
-            (image is None and mask is not None)
-        if image is not None:
-            store.put_image(iid, image, sha, staged=stage)
-            written.append(iid)
-        if mask is not None:
-            store.put_mask(iid, mask, mask_sha, staged=stage)
-        if stage:
-            staged.append(iid)
-        if note:
-            notes.append(note)
-        records.append(dict(image_id=iid, height=int(shape[0]), width=int(shape[1]), tags=list(it["tags"]),
-                            sha256=sha, split=it["split"], source=str(path), has_mask=mask_sha is not None))
+    with store.packing(store.shard_name(ids)):
+        for iid in ids:
+            it = items[iid]
+            path = Path(it["image_path"])
+            image = note = mask = mask_sha = None
+            try:
+                sha = sha256_file(path)
+                if store.has_image(iid, sha):
+                    shape = store.image_shape(iid)
+                else:
+                    image, note = decode_image(path, alpha_background)
+                    shape = image.shape
+                if it["mask_path"]:
+                    mask_sha = sha256_file(it["mask_path"])
+                    if image is not None or not store.has_stored_mask(iid, mask_sha):
+                        mask = load_mask(Path(it["mask_path"]), tuple(shape[:2]), n_classes)
+            except (ValueError, OSError) as e:
+                problems.append(str(e))
+                rejected.append(dict(image_id=iid, file=str(path), line=it.get("line"), problems=[str(e)]))
+                continue
+            if (image is not None and store.has_stored_image(iid)) or (image is None and mask is not None):
+                staged.append(iid)  # replaces a stored image or mask
+            if image is not None:
+                store.put_image(iid, image, sha, staged=True)
+                written.append(iid)
+            if mask is not None:
+                store.put_mask(iid, mask, mask_sha, staged=True)
+            store.flush_packed(store.CORPUS_PACK_BYTES)
+            if note:
+                notes.append(note)
+            records.append(dict(image_id=iid, height=int(shape[0]), width=int(shape[1]), tags=list(it["tags"]),
+                                sha256=sha, split=it["split"], source=str(path), has_mask=mask_sha is not None))
     return {"records": records, "problems": problems, "rejected": rejected, "notes": notes, "written": written,
             "staged": staged, "decoded": len(written)}
 
