@@ -961,10 +961,11 @@ class Store:
     MANIFEST_BATCH = 16384
 
     def manifest_batches(self, split: str | None = None, columns: Sequence[str] | None = None,
-                         batch_size: int = MANIFEST_BATCH) -> Iterator[pa.RecordBatch]:
+                         batch_size: int | None = None) -> Iterator[pa.RecordBatch]:
         """The manifest's rows of ``split`` (every row with None) in its order, ``batch_size`` rows
-        at a time, with only ``columns`` (all by default): a reader of a whole split holds a batch,
-        not the 630 bytes of :class:`ImageRecord` per image that :meth:`manifest` returns."""
+        (:attr:`MANIFEST_BATCH`) at a time, with only ``columns`` (all by default): a reader of a
+        whole split holds a batch, not the 630 bytes of :class:`ImageRecord` per image that
+        :meth:`manifest` returns."""
         path = self.corpus_dir / "manifest.parquet"
         if not path.exists():
             raise FileNotFoundError(f"{path}: no corpus here; run `wsseg ingest` first")
@@ -974,7 +975,8 @@ class Store:
         with contextlib.ExitStack() as stack:
             try:
                 source = str(path) if is_local(path) else stack.enter_context(path.fs.open(path.path, "rb"))
-                batches = pq.ParquetFile(source, page_checksum_verification=True).iter_batches(batch_size, columns=read)
+                batches = pq.ParquetFile(source, page_checksum_verification=True).iter_batches(
+                    batch_size or self.MANIFEST_BATCH, columns=read)
                 for batch in batches:
                     if split is not None:
                         batch = batch.filter(pc.equal(batch.column("split"), split))
