@@ -52,11 +52,15 @@ from wsseg.tasks.wsss.summary import (coverage_of, label_shares, markdown_table,
 SHARD_TASK = dict(cache_policy=NO_CACHE, retries=1, retry_delay_seconds=2)
 #: the bound on shard tasks per stage where no configuration gives one (WSSSConfig.max_shards)
 MAX_SHARDS = WSSSConfig.model_fields["max_shards"].default
-#: the fewest shard tasks :func:`run_shards` keeps in flight (twice the cluster's worker threads when
-#: that is more): enough to keep a few dozen workers fed through Prefect's 0.1-0.2 s of dispatch per
-#: task, and enough queued tasks for an adaptive cluster to scale on, while the flow and the Dask
-#: scheduler hold the rows of 64 shards instead of a whole stage's (docs/large-corpora.md, "Memory")
+#: the shard tasks :func:`run_shards` keeps in flight (:func:`wave_size`): enough to keep a few dozen
+#: workers fed through Prefect's 0.1-0.2 s of dispatch a task, and queued tasks for an adaptive
+#: cluster to scale on, while the flow and the Dask scheduler hold the rows of 64 shards instead
+#: of a whole stage's; fewer when shards are large (:data:`WAVE_ROWS`), never fewer than twice the
+#: cluster's worker threads (docs/large-corpora.md, "Memory")
 WAVE = 64
+#: the rows in flight that bound the wave of large shards: 32,000 rows (64 shards of 500, 7 of
+#: 5000) are about 26 MB of records and handed rows, whatever the corpus's size
+WAVE_ROWS = 32_000
 
 ingest_shard = task(name="ingest-shard", task_run_name=ShardRunName("ingest"), **SHARD_TASK)(pl.ingest_shard)
 features_shard = task(name="features-shard", task_run_name=ShardRunName("features"), **SHARD_TASK)(pl.features_shard)
@@ -98,7 +102,8 @@ def pending_shards(store: Store, r: int, stage: str, shards):
     shards left are the same, made again as they are submitted) or a list of shards of ids."""
     streamed = isinstance(shards, Shards)
     todo, done = [], []
-    for index, shard in zip(shards.indices() if streamed else range(len(shards)), shards):
+    indexed = zip(shards.indices(), shards.ids()) if streamed else enumerate(shards)  # streamed: the ids alone read
+    for index, shard in indexed:
         res = store.shard_done(r, stage, store.shard_name(ids_of(shard)))
         if res is None:
             todo.append(index if streamed else shard)
@@ -107,9 +112,12 @@ def pending_shards(store: Store, r: int, stage: str, shards):
     return (shards.only(todo) if streamed else todo), done
 
 
-def wave_size() -> int:
-    """How many shard tasks :func:`run_shards` keeps in flight: twice the worker threads of the
-    flow's task runner (a Dask cluster's at this moment, a thread pool's size), at least :data:`WAVE`."""
+def wave_size(shard_size: int = 1) -> int:
+    """How many shard tasks of ``shard_size`` images :func:`run_shards` keeps in flight: :data:`WAVE`,
+    or as many as hold :data:`WAVE_ROWS` rows when that is fewer, and at least twice the worker
+    threads of the flow's task runner (a Dask cluster's at this moment, a thread pool's size): a
+    shard of 5000 images keeps its worker busy for minutes, against a fraction of a second to
+    dispatch the next one."""
     from prefect.context import FlowRunContext
 
     runner = getattr(FlowRunContext.get(), "task_runner", None)
@@ -122,7 +130,7 @@ def wave_size() -> int:
             threads = int(getattr(runner, "_max_workers", 0) or 0)
     except Exception:  # a runner of another kind, a scheduler that does not answer: the floor
         pass
-    return max(WAVE, 2 * threads)
+    return max(2 * threads, min(WAVE, -(-WAVE_ROWS // max(shard_size, 1))))
 
 
 def run_shards(task_fn, shards, stage: str, per_shard=None, in_flight: int | None = None, **kwargs) -> list[Any]:
@@ -138,7 +146,8 @@ def run_shards(task_fn, shards, stage: str, per_shard=None, in_flight: int | Non
     total = shards.images if isinstance(shards, Shards) else sum(len(s) for s in shards)
     prog = Progress(stage, total)
     art = create_progress_artifact(0.0, description=f"{stage}: shards done")
-    bound, queue, running = max(1, in_flight or wave_size()), iter(shards), {}
+    size = shards.size if isinstance(shards, Shards) else max((len(s) for s in shards), default=1)
+    bound, queue, running = max(1, in_flight or wave_size(size)), iter(shards), {}
 
     def submit_next() -> bool:
         shard = next(queue, None)

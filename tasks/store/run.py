@@ -975,8 +975,10 @@ class Store:
         with contextlib.ExitStack() as stack:
             try:
                 source = str(path) if is_local(path) else stack.enter_context(path.fs.open(path.path, "rb"))
-                batches = pq.ParquetFile(source, page_checksum_verification=True).iter_batches(
-                    batch_size or self.MANIFEST_BATCH, columns=read)
+                # without pre-buffering and threads: pyarrow otherwise reads ahead, and its peak
+                # grew with the file (measured: 35 MB at 10^6 rows, 54 MB at 2 x 10^6; 16 MB flat without)
+                batches = pq.ParquetFile(source, page_checksum_verification=True, pre_buffer=False).iter_batches(
+                    batch_size or self.MANIFEST_BATCH, columns=read, use_threads=False)
                 for batch in batches:
                     if split is not None:
                         batch = batch.filter(pc.equal(batch.column("split"), split))
@@ -1192,16 +1194,20 @@ class Store:
     def read_table(self, path: Path) -> list[dict]:
         return self._read_parquet(path).to_pylist()
 
+    #: rows of a Parquet row group: a streamed read (:meth:`manifest_batches`) holds one group's
+    #: column chunks at a time (pyarrow's default, 2^20 rows, made the manifest of 10^6 images one group)
+    ROW_GROUP = 65536
+
     def _put_parquet(self, table: pa.Table, path: Path) -> None:
         """A Parquet file: locally a temporary file renamed into place, remotely one put."""
         if not is_local(path):
             sink = pa.BufferOutputStream()
-            pq.write_table(table, sink, write_page_checksum=True)
+            pq.write_table(table, sink, write_page_checksum=True, row_group_size=self.ROW_GROUP)
             path.write_bytes(sink.getvalue().to_pybytes())
             return
         path.parent.mkdir(parents=True, exist_ok=True)
         tmp = path.with_name(f".{path.name}.tmp")
-        pq.write_table(table, tmp, write_page_checksum=True)
+        pq.write_table(table, tmp, write_page_checksum=True, row_group_size=self.ROW_GROUP)
         os.replace(tmp, path)
 
     def _read_parquet(self, path: Path) -> pa.Table:

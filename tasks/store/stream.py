@@ -100,10 +100,18 @@ class Shards:
         return out
 
     def __iter__(self) -> Iterator[list["ImageRecord"]]:
+        return self._cut(iter(self.rows))
+
+    def ids(self) -> Iterator[list[str]]:
+        """The shards as lists of image ids: for a split's rows one column read (:meth:`ManifestRows.ids`)."""
+        return self._cut(self.rows.ids() if hasattr(self.rows, "ids") else (r.image_id for r in self.rows))
+
+    def _cut(self, items: Iterator) -> Iterator[list]:
+        """``items`` (one per row of :attr:`rows`) cut into the shards."""
         shard: list = []
         index = 0
         kept = self._kept
-        for row, rec in enumerate(self.rows):
+        for row, rec in enumerate(items):
             if kept is not None:
                 if row >= len(kept):
                     raise RuntimeError(f"{self.rows!r}: more rows than when its shards were made: the manifest "
