@@ -10,6 +10,7 @@ from __future__ import annotations
 import heapq
 import json
 from pathlib import Path
+from typing import Iterable
 
 import numpy as np
 

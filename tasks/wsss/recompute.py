@@ -134,8 +134,10 @@ def options_discard(store: Store, config: WSSSConfig, records: Sequence[ImageRec
     configuration alone, as the flow would decide it; ``records``: the split's manifest rows (read
     a batch at a time where they are used when not given, as the flow does). Empty for a
     configuration the results were computed with."""
-    corpus = store.split_entry(config.split) if records is None else records  # the footer's hash and count
-    records = store.split_rows(config.split) if records is None else list(records)
+    if records is None:  # the footer's hash and count; the rows read where they are used
+        corpus, records = store.split_entry(config.split), store.split_rows(config.split)
+    else:
+        records = corpus = list(records)
     classes = store.classes()
     out: list[Discard] = []
     saved = _read_only(store, "classifier")
