@@ -36,6 +36,7 @@ from wsseg.tasks.runtime.progress import Progress
 from wsseg.tasks.runtime.tracking import Tracker
 from wsseg.tasks.store import ImageRecord, Store, sha256_file
 from wsseg.tasks.store.remote import is_local
+from wsseg.tasks.store.stream import Shards, ids_of
 from wsseg.tasks.wsss import mil
 from wsseg.tasks.wsss import pipeline as pl
 from wsseg.tasks.wsss import proposal_classifier
@@ -53,6 +54,15 @@ from wsseg.tasks.wsss.summary import (coverage_of, label_shares, markdown_table,
 SHARD_TASK = dict(cache_policy=NO_CACHE, retries=1, retry_delay_seconds=2)
 #: the bound on shard tasks per stage where no configuration gives one (WSSSConfig.max_shards)
 MAX_SHARDS = WSSSConfig.model_fields["max_shards"].default
+#: the shard tasks :func:`run_shards` keeps in flight (:func:`wave_size`): enough to keep a few dozen
+#: workers fed through Prefect's 0.1-0.2 s of dispatch a task, and queued tasks for an adaptive
+#: cluster to scale on, while the flow and the Dask scheduler hold the rows of 64 shards instead
+#: of a whole stage's; fewer when shards are large (:data:`WAVE_ROWS`), never fewer than twice the
+#: cluster's worker threads (docs/large-corpora.md, "Memory")
+WAVE = 64
+#: the rows in flight that bound the wave of large shards: 32,000 rows (64 shards of 500, 7 of
+#: 5000) are about 26 MB of records and handed rows, whatever the corpus's size
+WAVE_ROWS = 32_000
 
 ingest_shard = task(name="ingest-shard", task_run_name=ShardRunName("ingest"), **SHARD_TASK)(pl.ingest_shard)
 features_shard = task(name="features-shard", task_run_name=ShardRunName("features"), **SHARD_TASK)(pl.features_shard)
@@ -70,41 +80,94 @@ def shards_of(records: list[ImageRecord], size: int, max_shards: int = MAX_SHARD
     return [ids[i:i + size] for i in range(0, len(ids), size)]
 
 
-def handing(records: list[ImageRecord]):
+def stream_shards(rows, size: int, max_shards: int = MAX_SHARDS, keep=None) -> Shards:
+    """:func:`shards_of`'s shards of ``rows`` (a list, or a split's :meth:`Store.split_rows`) that
+    ``keep`` accepts, as rows, made one at a time as a stage submits them
+    (:class:`tasks.store.stream.Shards`): the flow holds the rows of the shards in flight only."""
+    return Shards(rows, lambda n: shard_size_for(n, size, max_shards), keep)
+
+
+def handing(records: list[ImageRecord] | None = None):
     """``run_shards``'s ``per_shard`` that hands each shard task the manifest rows of its images,
-    which the flow holds already, so that no task reads the manifest (:func:`tasks.store.shard_records`)."""
+    so that no task reads the manifest (:func:`tasks.store.shard_records`): a shard of rows
+    (:func:`stream_shards`) is handed as it is; a shard of ids, its rows from ``records``."""
+    if records is None:
+        return lambda shard: {"records": list(shard)}
     index = {r.image_id: r for r in records}
     return lambda ids: {"records": [index[i] for i in ids]}
 
 
-def pending_shards(store: Store, r: int, stage: str, shards: list[list[str]]) -> tuple[list[list[str]], list[dict]]:
+def pending_shards(store: Store, r: int, stage: str, shards):
     """The shards of round ``r``'s ``stage`` (``prelim``, ``pseudo``) without a done marker, and
     the results the others recorded: a resumed stage submits tasks only for what is left (a
-    task costs about 0.2 s even when it finds its shard done)."""
+    task costs about 0.2 s even when it finds its shard done). ``shards``: :class:`Shards` (the
+    shards left are the same, made again as they are submitted) or a list of shards of ids."""
+    streamed = isinstance(shards, Shards)
     todo, done = [], []
-    for ids in shards:
-        res = store.shard_done(r, stage, store.shard_name(ids))
+    indexed = zip(shards.indices(), shards.ids()) if streamed else enumerate(shards)  # streamed: the ids alone read
+    for index, shard in indexed:
+        res = store.shard_done(r, stage, store.shard_name(ids_of(shard)))
         if res is None:
-            todo.append(ids)
+            todo.append(index if streamed else shard)
         else:
             done.append(res)
-    return todo, done
+    return (shards.only(todo) if streamed else todo), done
 
 
-def run_shards(task_fn, shards: list[list[str]], stage: str, per_shard=None, **kwargs) -> list[Any]:
-    """Submit one task per shard and collect results as they finish, with terminal progress
-    and a Prefect progress artifact. ``per_shard(ids)``: keywords of that shard's task alone
-    (what is per image goes only to its shard: every task's arguments are walked and pickled)."""
-    total = sum(len(s) for s in shards)
+def wave_size(shard_size: int = 1) -> int:
+    """How many shard tasks of ``shard_size`` images :func:`run_shards` keeps in flight: :data:`WAVE`,
+    or as many as hold :data:`WAVE_ROWS` rows when that is fewer, and at least twice the worker
+    threads of the flow's task runner (a Dask cluster's at this moment, a thread pool's size): a
+    shard of 5000 images keeps its worker busy for minutes, against a fraction of a second to
+    dispatch the next one."""
+    from prefect.context import FlowRunContext
+
+    runner = getattr(FlowRunContext.get(), "task_runner", None)
+    threads = 0
+    try:
+        client = getattr(runner, "_client", None)  # prefect_dask's DaskTaskRunner, once started
+        if client is not None:
+            threads = sum(client.nthreads().values())
+        else:  # Prefect's ThreadPoolTaskRunner
+            threads = int(getattr(runner, "_max_workers", 0) or 0)
+    except Exception:  # a runner of another kind, a scheduler that does not answer: the floor
+        pass
+    return max(2 * threads, min(WAVE, -(-WAVE_ROWS // max(shard_size, 1))))
+
+
+def run_shards(task_fn, shards, stage: str, per_shard=None, in_flight: int | None = None, **kwargs) -> list[Any]:
+    """Run one task per shard of ``shards`` (lists of ids, or of rows: :func:`stream_shards`) and
+    collect the results as they finish, with terminal progress and a Prefect progress artifact.
+    At most ``in_flight`` tasks (:func:`wave_size`) are submitted at a time, the next shard as
+    each finishes, so a stage's arguments are not all held at once (by the flow, the Dask
+    scheduler and Prefect) however many shards it has. ``per_shard(shard)``: keywords of that
+    shard's task alone (what is per image goes only to its shard: every task's arguments are
+    walked and pickled)."""
+    if not isinstance(shards, Shards):
+        shards = list(shards)
+    total = shards.images if isinstance(shards, Shards) else sum(len(s) for s in shards)
     prog = Progress(stage, total)
     art = create_progress_artifact(0.0, description=f"{stage}: shards done")
-    futures = {task_fn.submit(ids=ids, **kwargs, **(per_shard(ids) if per_shard else {})): len(ids)
-               for ids in shards}
+    size = shards.size if isinstance(shards, Shards) else max((len(s) for s in shards), default=1)
+    bound, queue, running = max(1, in_flight or wave_size(size)), iter(shards), {}
+
+    def submit_next() -> bool:
+        shard = next(queue, None)
+        if shard is None:
+            return False
+        ids = ids_of(shard)
+        running[task_fn.submit(ids=ids, **kwargs, **(per_shard(shard) if per_shard else {}))] = len(ids)
+        return True
+
+    while len(running) < bound and submit_next():
+        pass
     out = []
-    for fut in as_completed(list(futures)):
+    while running:
+        fut = next(as_completed(list(running)))
         out.append(fut.result())
-        prog.advance(futures[fut])
+        prog.advance(running.pop(fut))
         update_progress_artifact(art, 100.0 * prog.done / max(total, 1))
+        submit_next()
     return out
 
 
@@ -161,29 +224,38 @@ def ingest(source: str, run_dir: str, shard_size: int = 32, skip_invalid: bool =
 
 
 # ============================================================================ shared steps
-def compute_all_features(run_dir: str, records: list[ImageRecord], config: WSSSConfig) -> str:
-    """Step 2 (and B's edge map): superpixels, proposals and the edge map of every image whose
-    cache entry is missing; returns the cache key."""
+def compute_all_features(run_dir: str, records, config: WSSSConfig, only=None) -> str:
+    """Step 2 (and B's edge map): superpixels, proposals and the edge map of every image of
+    ``records`` (a list, or a split's :meth:`Store.split_rows`; those ``only`` accepts, when given)
+    whose cache entry is missing; returns the cache key."""
     key = feature_key(config.features)
     store = Store(run_dir)
-    todo = [r for r in records if not store.has_cached(FEATURE_STAGE, key, r.sha256)]
-    if todo:
-        run_shards(features_shard, shards_of(todo, config.shard_size, config.max_shards), "features",
-                   per_shard=handing(todo), run_dir=run_dir, cfg=config.features, key=key)
+    seen = [0]
+
+    def missing(r: ImageRecord) -> bool:
+        if only is not None and not only(r):
+            return False
+        seen[0] += 1
+        return not store.has_cached(FEATURE_STAGE, key, r.sha256)
+
+    todo = stream_shards(records, config.shard_size, config.max_shards, keep=missing)
+    if todo.images:
+        run_shards(features_shard, todo, "features", per_shard=handing(), run_dir=run_dir, cfg=config.features,
+                   key=key)
     else:
-        Progress("features", len(records)).message(f"all {len(records)} images cached ({key})")
+        Progress("features", seen[0]).message(f"all {seen[0]} images cached ({key})")
     return key
 
 
-def evaluate_sources(run_dir: str, records: list[ImageRecord], sources: list[list], shard_size: int,
+def evaluate_sources(run_dir: str, records, sources: list[list], shard_size: int,
                      stage: str = "evaluate", **kwargs) -> dict[str, dict]:
-    """mIoU, per-class IoU and pixel accuracy of each label source over ``records`` (keywords:
-    those of :func:`tasks.wsss.pipeline.evaluate_shard`)."""
-    with_masks = [r for r in records if r.has_mask]
-    if not with_masks:
+    """mIoU, per-class IoU and pixel accuracy of each label source over ``records`` (a list, or
+    rows streamed: :meth:`Store.split_rows`; keywords: those of :func:`tasks.wsss.pipeline.evaluate_shard`)."""
+    with_masks = stream_shards(records, shard_size, keep=lambda r: r.has_mask)
+    if not with_masks.images:
         return {}
-    results = run_shards(evaluate_shard, shards_of(with_masks, shard_size), stage, per_shard=handing(with_masks),
-                         run_dir=run_dir, sources=sources, **kwargs)
+    results = run_shards(evaluate_shard, with_masks, stage, per_shard=handing(), run_dir=run_dir, sources=sources,
+                         **kwargs)
     return source_scores(results, Store(run_dir).classes().names)
 
 
@@ -206,12 +278,12 @@ def evaluate(run_dir: str, round_index: int | None = None, split: str = "train",
         raise ValueError(f"{run_dir}: no finished round yet; run `wsseg train` first")
     final = (store.read_summary() or {}).get("final_round") if source == "pseudo" else None
     r = (final if final in rounds else rounds[-1]) if round_index is None else round_index
-    records = store.manifest(split)
+    records = store.split_rows(split)
     if source == "model":
         key = (store.read_round(r) or {}).get("feature_key")
         config = WSSSConfig.model_validate(store.read_config() or {})
         if key == feature_key(config.features):  # a split the rounds did not run on (val) has no edge maps yet
-            compute_all_features(run_dir, [x for x in records if x.has_mask], config)
+            compute_all_features(run_dir, records, config, only=lambda x: x.has_mask)
         res = evaluate_sources(run_dir, records, [["model", split]], shard_size,
                                model={"kind": "segmenter", "r": r}, key=key, **gate_options(store, config))
     else:
@@ -237,14 +309,14 @@ def refresh_round(run_dir: str, round_index: int, config: WSSSConfig, feature_ke
     ``train_model=False`` stops after the pseudo-labels (step 8 skipped): a label-only round."""
     store = Store(run_dir)
     r = round_index
-    records = store.manifest(config.split)
-    keep_round_inputs(store, r, resume.round_inputs(store.classes(), records, config, corrections_entry(store, records)),
-                      config)
+    records = store.split_rows(config.split)  # read a batch at a time by each use, never held whole
+    keep_round_inputs(store, r, resume.round_inputs(store.classes(), store.split_entry(config.split), config,
+                                                    corrections_entry(store, records)), config)
     done = settle_budget(store, r, config, store.read_round(r))
     if done and (not train_model or store.usable_checkpoint("segmenter", r)):
         return done  # a label-only round resumed by a full run goes on to train its model
     t0 = time.perf_counter()
-    shards = shards_of(records, config.shard_size, config.max_shards)
+    shards = stream_shards(records, config.shard_size, config.max_shards)
     tracker = Tracker(store.state_dir)
     with tracker.run(f"round-{r}", nested=True, tags={"round": str(r)}) as run_id:
         tracker.log_params({"round": r, **config.model_dump()})
@@ -252,7 +324,7 @@ def refresh_round(run_dir: str, round_index: int, config: WSSSConfig, feature_ke
         #    (round 0 on the foreground path: the class-agnostic foreground evidence)
         fg_on = pl.foreground_on(store, config)[0]
         todo, _ = pending_shards(store, r, "prelim", shards)
-        run_shards(preliminary_shard, todo, f"r{r} preliminary", per_shard=handing(records), run_dir=run_dir,
+        run_shards(preliminary_shard, todo, f"r{r} preliminary", per_shard=handing(), run_dir=run_dir,
                    round_index=r, key=feature_key, config=config, foreground=fg_on)
         # [ours] superpixel MIL: the preliminary result refined by a corpus-wide appearance classifier
         learn = trained_on(store, records, config, quiet=True)  # the trainers' images (all, or train_images of them)
@@ -264,7 +336,7 @@ def refresh_round(run_dir: str, round_index: int, config: WSSSConfig, feature_ke
         #     (on the foreground path: GrabCut of the whole image from the combined foreground evidence)
         todo, results = pending_shards(store, r, "pseudo", shards)
         foreground = config.foreground if fg_on else None
-        results += run_shards(pseudo_shard, todo, f"r{r} pseudo-labels", per_shard=handing(records), run_dir=run_dir,
+        results += run_shards(pseudo_shard, todo, f"r{r} pseudo-labels", per_shard=handing(), run_dir=run_dir,
                               round_index=r, key=feature_key, cfg=config.proposals, seed=config.seed,
                               mil_weight=config.mil.prior_weight, foreground=foreground)
         changed, ignored = label_shares(results)
@@ -289,11 +361,12 @@ def refresh_round(run_dir: str, round_index: int, config: WSSSConfig, feature_ke
     return summary
 
 
-def trained_on(store: Store, records: list[ImageRecord], config: WSSSConfig, quiet: bool = False) -> list[ImageRecord]:
-    """The images of ``records`` the corpus-wide trainers learn from: all, or with
-    ``config.train_images`` a seeded sample of them that keeps every corrected image
-    (:func:`tasks.wsss.pipeline.training_records`); said on the terminal unless ``quiet``."""
-    learn = pl.training_records(records, config.train_images, config.seed, store.corrections().keys())
+def trained_on(store: Store, records, config: WSSSConfig, quiet: bool = False) -> list[ImageRecord]:
+    """The images of ``records`` (a list, or streamed: :meth:`Store.split_rows`) the corpus-wide
+    trainers learn from: all, or with ``config.train_images`` a seeded sample of them that keeps
+    every corrected image (:func:`tasks.wsss.pipeline.training_sample`, which holds the sample
+    only); said on the terminal unless ``quiet``."""
+    learn = pl.training_sample(records, config.train_images, config.seed, store.corrections().keys())
     if len(learn) < len(records) and not quiet:
         Progress("trainers", len(records)).message(
             f"the trainers learn from {len(learn)} of the {len(records)} images (train_images, seed {config.seed}); "
@@ -363,7 +436,7 @@ def settle_budget(store: Store, r: int, config: WSSSConfig, done: dict | None) -
     return done
 
 
-def report_round(store: Store, r: int, records: list[ImageRecord], config: WSSSConfig, tracker: Tracker,
+def report_round(store: Store, r: int, records, config: WSSSConfig, tracker: Tracker,
                  run_id: str, feature_key: str, changed: float, ignored: float, result, seconds: float) -> dict:
     """Round ``r``'s summary: pseudo-label quality against the masks (where the corpus has
     them), MLflow metrics and artifacts, the overlay picture and the Prefect artifact."""
@@ -422,7 +495,7 @@ def train_wsss(run_dir: str, config: WSSSConfig = WSSSConfig(), dask_address: st
     store = Store(run_dir)
     config = with_weight_digests(config)  # the ImageNet weight files' sha256: part of every resume key
     check_config(store, config)
-    records = store.manifest(config.split)
+    records = store.split_rows(config.split)  # read a batch at a time by each use, never held whole
     if not records:
         raise ValueError(f"{run_dir}: no images in split {config.split!r}")
     tracker = Tracker(store.state_dir)  # MLflow's database: local, beside a remote run
@@ -529,22 +602,22 @@ def refresh(run_dir: str) -> dict:
     problem = rf.refresh_problem(store, r, config)
     if problem:
         raise ValueError(f"{run_dir}: {problem}")
-    records = store.manifest(config.split)
-    todo = [rec for rec in records if not store.has_pseudo(r, rec.image_id)]
+    records = store.split_rows(config.split)
+    todo = stream_shards(records, config.shard_size, keep=lambda rec: not store.has_pseudo(r, rec.image_id))
     key = feature_key(config.features)
     seconds, cpu = {"features": 0.0, "prelim": 0.0, "pseudo": 0.0}, 0.0
-    if todo:
-        for res in run_shards(refresh_shard, shards_of(todo, config.shard_size), f"refresh with r{r}",
-                              per_shard=handing(todo), run_dir=run_dir, round_index=r, key=key, config=config,
-                              foreground=pl.foreground_on(store, config)[0]):
+    if todo.images:
+        for res in run_shards(refresh_shard, todo, f"refresh with r{r}", per_shard=handing(), run_dir=run_dir,
+                              round_index=r, key=key, config=config, foreground=pl.foreground_on(store, config)[0]):
             seconds = {k: v + res["seconds"][k] for k, v in seconds.items()}
             cpu += res["cpu_seconds"]
     else:
         Progress("refresh", len(records)).message(f"every image of split {config.split!r} has a round-{r} "
                                                  "pseudo-label: nothing to do")
-    ev = evaluate_sources(run_dir, todo, [[r, "pseudo"]], config.shard_size, stage="refresh evaluate") if todo else {}
-    summary = {"round": r, "images": len(records), "labelled": len(todo), "stage_seconds": seconds,
-               "core_ms_per_image": 1000 * cpu / max(len(todo), 1),
+    ev = evaluate_sources(run_dir, todo.kept_rows(), [[r, "pseudo"]], config.shard_size,
+                          stage="refresh evaluate") if todo.images else {}
+    summary = {"round": r, "images": len(records), "labelled": todo.images, "stage_seconds": seconds,
+               "core_ms_per_image": 1000 * cpu / max(todo.images, 1),
                "pseudo_label_miou": ev.get(f"{r}:pseudo", {}).get("miou"),
                "wall_seconds": time.perf_counter() - t0,
                "at": dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds")}
@@ -563,8 +636,7 @@ def check_config(store: Store, config: WSSSConfig) -> None:
     previous = store.read_config()
     # (without a record or a corpus yet every option counts)
     implicit = previous is None or not store.has_corpus() or store.classes().background is not None
-    split = ((store.corpus_summary() or {}).get("splits", {}).get(config.split) or {}) if store.has_corpus() else {}
-    diff = config_difference(previous, config, implicit, split.get("images"))
+    diff = config_difference(previous, config, implicit, store.split_images(config.split) if store.has_corpus() else None)
     if diff:
         Progress("config", 1).message(f"{store.config_path}: the configuration differs from the one this run "
                                       f"directory was computed with (in: {', '.join(diff)}); the results that "

@@ -10,18 +10,18 @@ that serves such corpora is :mod:`tasks.wsss.foreground`.
 """
 from __future__ import annotations
 
-from typing import Sequence
+from typing import Iterable, Sequence
 
 __all__ = ["tag_statistics", "contrast_warnings"]
 
 
-def tag_statistics(tag_sets: Sequence[Sequence[str]], class_names: Sequence[str],
+def tag_statistics(tag_sets: Iterable[Sequence[str]], class_names: Sequence[str],
                    background: int | None = None) -> dict:
     """How the tags of a corpus are spread over its images.
 
     Parameters
     ----------
-    tag_sets : the tags of each image (images without a tag are left out: they are untagged
+    tag_sets : the tags of each image, read once (images without a tag are left out: they are untagged
         images, e.g. an evaluation split, not negatives)
     class_names : the corpus's classes, in order
     background : index of the implicit background class, if any (never a tag)
@@ -40,16 +40,21 @@ def tag_statistics(tag_sets: Sequence[Sequence[str]], class_names: Sequence[str]
     >>> s["on_every_image"], s["same_tag_set"]
     (['grass'], False)
     """
-    tagged = [tuple(sorted(set(t))) for t in tag_sets if len(t)]
-    counts: dict[str, int] = {}
-    for t in tagged:
+    images, counts, first, same = 0, {}, None, True  # one pass: tag_sets may be streamed (a split's rows)
+    for tags in tag_sets:
+        if not len(tags):
+            continue
+        t = tuple(sorted(set(tags)))
+        images += 1
+        first = t if first is None else first
+        same = same and t == first
         for c in t:
             counts[c] = counts.get(c, 0) + 1
     order = {c: i for i, c in enumerate(class_names)}
-    every = sorted((c for c, n in counts.items() if n == len(tagged)), key=lambda c: order.get(c, len(order)))
-    return {"images": len(tagged), "counts": dict(sorted(counts.items(), key=lambda kv: order.get(kv[0], 0))),
-            "on_every_image": every if len(tagged) >= 2 else [],
-            "same_tag_set": len(tagged) >= 2 and len(set(tagged)) == 1,
+    every = sorted((c for c, n in counts.items() if n == images), key=lambda c: order.get(c, len(order)))
+    return {"images": images, "counts": dict(sorted(counts.items(), key=lambda kv: order.get(kv[0], 0))),
+            "on_every_image": every if images >= 2 else [],
+            "same_tag_set": images >= 2 and same,
             "implicit_background": None if background is None else class_names[background]}
 
 

@@ -24,7 +24,7 @@ import hashlib
 import os
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Iterator
+from typing import Iterable, Iterator
 
 import numpy as np
 
@@ -190,10 +190,14 @@ def corrections_digest(index: dict[str, dict]) -> str | None:
     return h.hexdigest()[:16]
 
 
-def corrections_entry(store: Store, records: list[ImageRecord]) -> dict | None:
-    """The corrections of ``records`` as a round's input (count and digest), None without any."""
-    ids = {rec.image_id for rec in records}
-    index = {k: v for k, v in store.corrections().items() if k in ids}
+def corrections_entry(store: Store, records: Iterable[ImageRecord]) -> dict | None:
+    """The corrections of ``records`` (a list, or a split's rows streamed) as a round's input (count
+    and digest), None without any."""
+    every = store.corrections()
+    if not every:
+        return None
+    ids = {rec.image_id for rec in records if rec.image_id in every}  # the corrected ones only: streamed rows stay so
+    index = {k: v for k, v in every.items() if k in ids}
     return {"images": len(index), "digest": corrections_digest(index)} if index else None
 
 

@@ -7,8 +7,10 @@
 """
 from __future__ import annotations
 
+import heapq
 import json
 from pathlib import Path
+from typing import Iterable
 
 import numpy as np
 
@@ -53,13 +55,16 @@ def _with_key(picture: np.ndarray, names, present: set[int]) -> np.ndarray:
 
 
 # ---------------------------------------------------------------------------- bench quality
-def pick_overlay_records(records: list[ImageRecord], n: int = 6, *, with_mask: bool = True) -> list[ImageRecord]:
+def pick_overlay_records(records: Iterable[ImageRecord], n: int = 6, *, with_mask: bool = True) -> list[ImageRecord]:
     """The ``n`` images with the most tags (the hard ones: a single-tag image is solved by any
     method), ties broken by id, so the choice does not depend on the records' order; with
     ``with_mask`` only images that have a mask to compare with (when there are any)."""
-    pool = [r for r in records if r.has_mask] if with_mask else list(records)
-    pool = pool or list(records)
-    return sorted(pool, key=lambda r: (-len(r.tags), r.image_id))[:n]
+    def key(r: ImageRecord) -> tuple:
+        return -len(r.tags), r.image_id
+
+    # heapq.nsmallest is sorted(...)[:n] holding n rows: records may be a split's rows streamed
+    picks = heapq.nsmallest(n, (r for r in records if r.has_mask), key=key) if with_mask else []
+    return picks or heapq.nsmallest(n, records, key=key)
 
 
 def _image_miou(pred: np.ndarray | None, gt: np.ndarray, n: int) -> float | None:

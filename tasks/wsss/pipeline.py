@@ -6,9 +6,10 @@ through :class:`tasks.store.Store`.
 from __future__ import annotations
 
 import hashlib
+import heapq
 import time
 from pathlib import Path
-from typing import Collection, Sequence
+from typing import Collection, Iterable, Iterator, Sequence
 
 import numpy as np
 import torch
@@ -247,12 +248,49 @@ def training_records(records: Sequence[ImageRecord], limit: int | None, seed: in
     return [r for r in records if r.image_id in chosen]
 
 
+def training_sample(records: Iterable[ImageRecord], limit: int | None, seed: int,
+                    keep: Collection[str] = ()) -> list[ImageRecord]:
+    """:func:`training_records`'s images, the same ones in the same order, from ``records`` read
+    once as they come (a split's rows streamed: :meth:`Store.split_rows`): without ``limit`` all of
+    them; with it the flow holds at most ``limit`` rows besides those in ``keep`` (a heap of the
+    lowest ranks, ties in the order of ``records`` as the sort keeps them), not the whole split."""
+    if limit is None:
+        return list(records)
+    keep, salt = set(keep), str(seed).encode()
+    kept: list[tuple[int, ImageRecord]] = []  # (position, row) of the images in keep
+    heap: list[tuple[int, int, int, ImageRecord]] = []  # (-rank, -position, position, row): the limit lowest
+    n = 0
+    for pos, r in enumerate(records):
+        n += 1
+        if r.image_id in keep:
+            kept.append((pos, r))
+            continue
+        rank = int.from_bytes(hashlib.blake2b(r.image_id.encode(), digest_size=8, key=salt[:64]).digest(), "big")
+        item = (-rank, -pos, pos, r)
+        if len(heap) < limit:
+            heapq.heappush(heap, item)
+        elif heap and item > heap[0]:  # a lower rank (or the same, earlier) than the worst one held
+            heapq.heapreplace(heap, item)
+    if n <= limit:  # every row is held: all of them, as training_records returns
+        chosen = kept + [(pos, r) for _, _, pos, r in heap]
+    else:
+        best = sorted(heap, reverse=True)[:max(0, limit - len(keep))]
+        chosen = kept + [(pos, r) for _, _, pos, r in best]
+    return [r for _, r in sorted(chosen, key=lambda x: x[0])]
+
+
+def split_tags(store: Store, split: str) -> Iterator[list[str]]:
+    """The tags of each image of ``split``, read a batch at a time (one column)."""
+    for batch in store.manifest_batches(split, columns=["tags"]):
+        yield from batch.column("tags").to_pylist()
+
+
 def foreground_on(store: Store, config: WSSSConfig) -> tuple[bool, dict]:
     """Whether the run's class-agnostic foreground path is on (``config.foreground.mode``, from
     the tag statistics of the training split: :func:`tasks.wsss.foreground.foreground_active`), and
     those statistics."""
     classes = store.classes()
-    stats = tag_statistics([r.tags for r in store.manifest(config.split)], classes.names, classes.background)
+    stats = tag_statistics(split_tags(store, config.split), classes.names, classes.background)
     return fg.foreground_active(stats, config.foreground.mode), stats
 
 

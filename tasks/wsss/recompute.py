@@ -132,14 +132,18 @@ def options_discard(store: Store, config: WSSSConfig, records: Sequence[ImageRec
     """The finished results of ``store`` that a training under ``config`` (its weight digests filled
     in: :func:`tasks.corpus.encoders.with_weight_digests`) would compute again because of the
     configuration alone, as the flow would decide it; ``records``: the split's manifest rows (read
-    when not given). Empty for a configuration the results were computed with."""
-    records = list(store.manifest(config.split)) if records is None else list(records)
+    a batch at a time where they are used when not given, as the flow does). Empty for a
+    configuration the results were computed with."""
+    if records is None:  # the footer's hash and count; the rows read where they are used
+        corpus, records = store.split_entry(config.split), store.split_rows(config.split)
+    else:
+        records = corpus = list(records)
     classes = store.classes()
     out: list[Discard] = []
     saved = _read_only(store, "classifier")
     if saved is not None:
         meta = saved.get("meta") or {}
-        learn = pl.training_records(records, config.train_images, config.seed, store.corrections().keys())
+        learn = pl.training_sample(records, config.train_images, config.seed, store.corrections().keys())
         inputs = resume.classifier_inputs(classes, learn, config)
         if classifier_changes(meta, config.classifier, inputs) and not _data_changed(meta.get("inputs"), inputs):
             now = config.classifier.model_dump(mode="json")
@@ -147,7 +151,7 @@ def options_discard(store: Store, config: WSSSConfig, records: Sequence[ImageRec
                        if o[0].split(".")[-1] not in CAM_READING]
             options += changed_options((meta.get("inputs") or {}).get("config") or {}, inputs["config"])
             out.append(Discard("classifier", None, tuple(options)))
-    inputs = resume.round_inputs(classes, records, config, corrections_entry(store, records))
+    inputs = resume.round_inputs(classes, corpus, config, corrections_entry(store, records))
     finished = set(store.finished_rounds())
     for r in range(config.max_rounds):
         if r not in finished:

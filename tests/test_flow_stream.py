@@ -1,0 +1,121 @@
+"""Flow memory independent of the corpus size (issue 54): a split's manifest rows streamed by
+shard give exactly the shards of the whole manifest, the trainers' sample drawn from streamed
+rows is the in-memory one, and ``run_shards`` keeps a bounded number of shard tasks in flight."""
+import random
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+
+from wsseg.tasks.store import MANIFEST_SCHEMA, ClassSpec, ImageRecord, Store
+
+SPLITS = ("train", "val", "test")
+
+
+def corpus(tmp_path, n: int = 1000, footer: bool = True) -> Store:
+    """A run directory whose manifest has ``n`` rows of three interleaved splits (no image: the
+    manifest alone), half of them with a mask; without ``footer`` as an older wsseg wrote it."""
+    rng = random.Random(7)
+    records = [ImageRecord(f"im{i:05d}", 8, 8, tuple(rng.sample(["cow", "grass", "sky"], rng.randint(0, 2))),
+                           f"{i:064x}", rng.choice(SPLITS), f"im{i:05d}.jpg", rng.random() < 0.5)
+               for i in range(n)]
+    store = Store(tmp_path / "run")
+    store.write_corpus(records, ClassSpec(("cow", "grass", "sky")))
+    if not footer:
+        pq.write_table(pa.Table.from_pylist([r.__dict__ | {"tags": list(r.tags)} for r in records],
+                                            schema=MANIFEST_SCHEMA), store.corpus_dir / "manifest.parquet")
+        assert store.corpus_summary() is None
+    return store
+
+
+def ids(shards) -> list[list[str]]:
+    return [[r.image_id for r in s] for s in shards]
+
+
+@pytest.mark.parametrize("footer", [True, False])
+def test_streamed_shards_are_the_shards_of_the_manifest(tmp_path, footer):
+    """For every split, shard size and bound on shards (those below make max_shards grow the
+    shards), the streamed shards hold the same images in the same order as ``shards_of`` cuts the
+    whole manifest's rows, also those of a filter; the split's count and corpus hash are the
+    manifest's, read from the footer or, for an older manifest, counted."""
+    from wsseg.flows.wsss import shards_of, stream_shards
+    from wsseg.tasks.config import shard_size_for
+    from wsseg.tasks.corpus.resume import corpus_entry
+
+    store = corpus(tmp_path, footer=footer)
+    store.MANIFEST_BATCH = 64  # several Parquet batches per split
+    assert list(store.manifest_records()) == store.manifest()
+    for split in SPLITS + ("none",):
+        rows = store.manifest(split)
+        assert list(store.manifest_records(split)) == rows
+        assert store.split_images(split) == len(rows) and store.split_entry(split) == corpus_entry(rows)
+        for size, max_shards in ((16, 2000), (5, 10), (1, 7), (400, 3)):
+            shards = store.manifest_shards(split, lambda n: shard_size_for(n, size, max_shards))
+            assert ids(shards) == shards_of(rows, size, max_shards) == list(shards.ids()), (split, size, max_shards)
+            assert shards.images == len(rows) and len(shards) == len(shards_of(rows, size, max_shards))
+            masked = [r for r in rows if r.has_mask]
+            streamed = stream_shards(store.split_rows(split), size, max_shards, keep=lambda r: r.has_mask)
+            assert ids(streamed) == shards_of(masked, size, max_shards)
+            assert list(streamed.kept_rows()) == masked and len(streamed.kept_rows()) == len(masked)
+            some = streamed.only([0, 2])
+            assert ids(some) == [s for i, s in enumerate(shards_of(masked, size, max_shards)) if i in (0, 2)] \
+                == list(some.ids())
+            assert some.images == sum(len(s) for s in ids(some))
+    assert [s for s in (len(shards_of(store.manifest(x), 1, 7)) for x in SPLITS)] == [7, 7, 7]  # max_shards hit
+
+
+def test_streamed_sample_is_training_records(tmp_path):
+    """The trainers' sample drawn from streamed rows (a heap of the lowest ranks) is
+    ``training_records``'s of the whole list, with and without corrected images to keep (present
+    or not), for limits below, at and above the split's size."""
+    from wsseg.tasks.wsss.pipeline import training_records, training_sample
+
+    store = corpus(tmp_path, 600)
+    for split in SPLITS:
+        rows = store.manifest(split)
+        for limit in (None, 0, 1, 17, len(rows) - 1, len(rows), 5000):
+            for keep in (set(), {rows[3].image_id, rows[-1].image_id, "not-there"}, {r.image_id for r in rows[:40]}):
+                for seed in (0, 5):
+                    assert training_sample(store.split_rows(split), limit, seed, keep) == \
+                        training_records(rows, limit, seed, keep), (split, limit, len(keep), seed)
+
+
+def test_run_shards_keeps_a_bounded_number_of_tasks_in_flight(tmp_path, prefect_harness, cluster):
+    """On a Dask cluster ``run_shards`` submits at most ``in_flight`` shard tasks before one has
+    finished (each task writes its file as it ends: submitted minus files written bounds the tasks
+    in flight from above), takes its shards from a generator, and returns every shard's result."""
+    from prefect import flow, task
+
+    from wsseg.flows.runtime import on_cluster
+    from wsseg.flows.wsss import SHARD_TASK, run_shards
+
+    done = tmp_path / "done"
+    done.mkdir()
+
+    @task(name="slow-shard", **SHARD_TASK)
+    def slow_shard(ids: list[str], done_dir: str) -> list[str]:
+        import pathlib
+        import time
+
+        time.sleep(0.3)
+        pathlib.Path(done_dir, ids[0]).write_text("")
+        return ids
+
+    @flow(name="waves")
+    def waves(done_dir: str, in_flight: int) -> tuple[list, list]:
+        seen = []
+
+        def per_shard(shard):  # called in the flow as the shard is submitted
+            import os
+
+            seen.append(len(seen) + 1 - len(os.listdir(done_dir)))
+            return {}
+
+        shards = ([f"s{k:02d}-{i}" for i in range(3)] for k in range(10))
+        return run_shards(slow_shard, shards, "waves", per_shard=per_shard, in_flight=in_flight,
+                          done_dir=done_dir), seen
+
+    results, in_flight = on_cluster(waves, cluster)(str(done), 3)
+    assert sorted(results) == [[f"s{k:02d}-{i}" for i in range(3)] for k in range(10)]
+    assert len(in_flight) == 10 and max(in_flight) <= 3, in_flight
+    assert len(list(done.iterdir())) == 10
