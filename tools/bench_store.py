@@ -7,7 +7,7 @@ Takes the corpus images, feature-cache entries, round-0 preliminary results and 
 a finished run (``--from``; any layout) and writes ``--images`` copies of them (new ids and content
 hashes, the same arrays) into two fresh run directories, ``OUT/per-image`` (the older layout,
 written the way it was: one single-chunk Zarr array per image and part) and ``OUT/packs`` (the
-shard tasks' layout now). Both share the same corpus layout (one array per image). Then, for each:
+shard tasks' and ingest's layout now, the corpus's images packed by shard too). Then, for each:
 the files and the seconds to list them all, the seconds of `wsseg status --json` (the command,
 and its work in-process), and the mean
 ms of ``--reads`` random reads of a pseudo-label, a preliminary result and a feature-cache entry,
@@ -65,10 +65,12 @@ def write_run(root: Path, layout: str, items: list, key: str, classes, n: int, s
         for i, iid in enumerate(ids, start):
             it = items[i % len(items)]
             sha = f"{i:016x}" + it["rec"].sha256[16:]
-            store.put_image(iid, it["image"], sha)
             r = it["rec"]
             recs.append(ImageRecord(iid, r.height, r.width, r.tags, sha, "train", "copy", False))
         if layout == "packs":
+            with store.packing(Store.shard_name(ids)):  # the corpus by shard, as ingest writes it
+                for i, iid in enumerate(ids, start):
+                    store.put_image(iid, items[i % len(items)]["image"], recs[i].sha256)
             with store.packing(Store.shard_name(ids)):
                 for i, iid in enumerate(ids, start):
                     it = items[i % len(items)]
@@ -81,6 +83,11 @@ def write_run(root: Path, layout: str, items: list, key: str, classes, n: int, s
         else:  # the per-image layout, as wsseg wrote it before the packs
             base = store.cache_dir(FEATURE_STAGE, key)
             _group(base)
+            _group(store.corpus_dir / "images.zarr")
+            for i, iid in enumerate(ids, start):
+                chunked.write(store.corpus_dir / "images.zarr" / iid,
+                              np.ascontiguousarray(items[i % len(items)]["image"]),
+                              {"sha256": recs[i].sha256, "complete": True})
             _group(store.round_dir(0) / "prelim.zarr")
             _group(store.round_dir(0) / "pseudo.zarr")
             for i, iid in enumerate(ids, start):
