@@ -6,7 +6,6 @@ numbers; the tests read those numbers back at their places in the page."""
 import json
 import os
 import re
-import shutil
 import subprocess
 from datetime import datetime
 from pathlib import Path
@@ -37,11 +36,26 @@ def test_provenance_gives_the_command_date_machine_load_and_the_checkout():
     assert p["wsseg"]
     done = finished(p)
     assert done["load_average"]["end"] is not None and done["finished"] >= p["date"]
-    # the checkout wsseg runs from: its commit, as git gives it
-    if shutil.which("git") is None or not (ROOT / ".git").exists():
-        pytest.skip("not a git checkout")
-    head = subprocess.run(["git", "-C", str(ROOT), "rev-parse", "--short", "HEAD"], capture_output=True, text=True)
-    assert p["source"]["commit"] == head.stdout.strip() and isinstance(p["source"]["local_changes"], bool)
+    assert p["source"] == source_commit()  # the checkout wsseg runs from, or None where it is installed
+
+
+def test_the_commit_of_a_checkout_is_the_one_git_gives(tmp_path):
+    """A checkout made here, with a commit: its short hash as git gives it, and whether its
+    tracked files changed since."""
+    repo = tmp_path / "checkout"
+    repo.mkdir()
+    (repo / "pyproject.toml").write_text("[project]\nname = 'wsseg'\n")
+
+    def git(*args: str) -> str:
+        return subprocess.run(["git", "-C", str(repo), "-c", "user.name=t", "-c", "user.email=t@example.org", *args],
+                              check=True, capture_output=True, text=True).stdout.strip()
+
+    git("init", "-q")
+    git("add", "pyproject.toml")
+    git("commit", "-qm", "first")
+    assert source_commit(repo) == {"commit": git("rev-parse", "--short", "HEAD"), "local_changes": False}
+    (repo / "pyproject.toml").write_text("[project]\nname = 'wsseg'\nversion = '2'\n")
+    assert source_commit(repo)["local_changes"] is True
 
 
 def test_no_checkout_no_commit_and_no_command_when_none_was_typed(tmp_path):

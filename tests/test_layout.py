@@ -7,7 +7,6 @@ import subprocess
 import sys
 from pathlib import Path
 
-import pytest
 
 from tests.conftest import load_tool
 
@@ -143,17 +142,3 @@ def test_make_sample_takes_every_class_then_a_seeded_choice(tmp_path):
     _make_sample(src, tmp_path / "b", "--n", "24", "--per-class", "1")
     assert (tmp_path / "b" / "labels.csv").read_text() == (tmp_path / "a" / "labels.csv").read_text()
 
-
-def test_make_sample_chooses_the_bundled_sample_again_from_msrc21(tmp_path):
-    """The command in flows/sample/msrc21/README.md gives the bundled sample back, image for image."""
-    msrc21 = ROOT.parent / "shared" / "data" / "msrc21"
-    if not msrc21.is_dir():
-        pytest.skip("../shared/data/msrc21 is not here")
-    sample = ROOT / "flows" / "sample" / "msrc21"
-    assert "python tools/make_sample.py ../shared/data/msrc21 flows/sample/msrc21" in (sample / "README.md").read_text()
-    assert _make_sample(msrc21, tmp_path) == "64 images, 21 classes, min per class 3\n"
-    for name in ("labels.csv", "train.txt", "classes.txt"):
-        assert (tmp_path / name).read_text() == (sample / name).read_text(), name
-    assert sorted(p.name for p in (tmp_path / "images").iterdir()) == sorted(p.name for p in (sample / "images").iterdir())
-    for image in (sample / "images").iterdir():
-        assert (tmp_path / "images" / image.name).read_bytes() == image.read_bytes(), image.name
