@@ -129,8 +129,8 @@ def cmd_demo(args) -> int:
     with dask_cluster(args.dask_address, args.workers, run) as address:
         on_cluster(ingest, address)(str(SAMPLE), str(run), 16, False, "auto")
         s = on_cluster(train_wsss, address)(str(run), config, address, model_name=args.register)
-    # the demo's figures are benchmark figures too (`wsseg bench report` reads summary.json): where they
-    # come from goes with them; a later `wsseg train` on the run directory writes its own summary
+    # the demo's figures are benchmark figures too (`wsseg bench report` reads the run's summary): where
+    # they come from goes with them; a later `wsseg train` on the run directory writes its own summary
     store = Store(run)
     store.write_summary({**store.read_summary(), "provenance": finished(started)})
     print("\npseudo-label quality on the sample (tags only for training; masks only for this table):")

@@ -229,24 +229,24 @@ def test_bench_corrections_queue_against_random(tmp_path, tiny_run, cluster, pre
 
 
 def test_a_training_sample_is_seeded_stable_and_keeps_the_corrected_images():
-    """``train_images``'s sample (``training_records``): all images up to the limit; else exactly
+    """``train_images``'s sample (``training_sample``): all images up to the limit; else exactly
     the limit, in the manifest's order, the same for the same seed and another for another; the
     corrected images always in it; an ingest that adds images changes it by at most as many."""
     from wsseg.tasks.store import ImageRecord
-    from wsseg.tasks.wsss.pipeline import training_records
+    from wsseg.tasks.wsss.pipeline import training_sample
 
     recs = [ImageRecord(image_id=f"img{i:04d}", height=8, width=8, tags=("cow",), sha256=f"{i:064x}", split="train",
                         source=f"/d/img{i:04d}.jpg", has_mask=False) for i in range(1000)]
     ids = lambda rs: [r.image_id for r in rs]  # noqa: E731
-    assert training_records(recs, None, 0) == recs and training_records(recs, 1000, 0) == recs
-    a = training_records(recs, 100, 0)
-    assert len(a) == 100 and ids(a) == sorted(ids(a)) and a == training_records(list(recs), 100, 0)
-    assert ids(a) != ids(training_records(recs, 100, 1))
+    assert training_sample(recs, None, 0) == recs and training_sample(recs, 1000, 0) == recs
+    a = training_sample(recs, 100, 0)
+    assert len(a) == 100 and ids(a) == sorted(ids(a)) and a == training_sample(list(recs), 100, 0)
+    assert ids(a) != ids(training_sample(recs, 100, 1))
     keep = {"img0999", "img0500"}
-    k = training_records(recs, 100, 0, keep)
+    k = training_sample(recs, 100, 0, keep)
     assert len(k) == 100 and keep <= set(ids(k))
     grown = recs + [ImageRecord(**(r.__dict__ | {"image_id": f"new{i:03d}"})) for i, r in enumerate(recs[:50])]
-    assert len(set(ids(a)) - set(ids(training_records(grown, 100, 0)))) <= 50
+    assert len(set(ids(a)) - set(ids(training_sample(grown, 100, 0)))) <= 50
 
 
 def test_a_bound_that_does_not_cut_the_split_changes_no_round():

@@ -64,11 +64,25 @@ def test_streamed_shards_are_the_shards_of_the_manifest(tmp_path, footer):
     assert [s for s in (len(shards_of(store.manifest(x), 1, 7)) for x in SPLITS)] == [7, 7, 7]  # max_shards hit
 
 
-def test_streamed_sample_is_training_records(tmp_path):
-    """The trainers' sample drawn from streamed rows (a heap of the lowest ranks) is
-    ``training_records``'s of the whole list, with and without corrected images to keep (present
-    or not), for limits below, at and above the split's size."""
-    from wsseg.tasks.wsss.pipeline import training_records, training_sample
+def sorted_sample(records, limit, seed, keep=()):
+    """The trainers' sample by its definition: the whole list sorted by the keyed hash of
+    (seed, id), the ``limit`` lowest with every image of ``keep``, in the list's order."""
+    import hashlib
+
+    if limit is None or len(records) <= limit:
+        return list(records)
+    keep, salt = set(keep), str(seed).encode()
+    rest = sorted((r for r in records if r.image_id not in keep),
+                  key=lambda r: hashlib.blake2b(r.image_id.encode(), digest_size=8, key=salt[:64]).digest())
+    chosen = (keep & {r.image_id for r in records}) | {r.image_id for r in rest[:max(0, limit - len(keep))]}
+    return [r for r in records if r.image_id in chosen]
+
+
+def test_streamed_sample_is_the_sorted_one(tmp_path):
+    """The trainers' sample drawn from streamed rows (a heap of the lowest ranks) is the one of
+    its definition (:func:`sorted_sample`, the whole list sorted), with and without corrected
+    images to keep (present or not), for limits below, at and above the split's size."""
+    from wsseg.tasks.wsss.pipeline import training_sample
 
     store = corpus(tmp_path, 600)
     for split in SPLITS:
@@ -77,7 +91,7 @@ def test_streamed_sample_is_training_records(tmp_path):
             for keep in (set(), {rows[3].image_id, rows[-1].image_id, "not-there"}, {r.image_id for r in rows[:40]}):
                 for seed in (0, 5):
                     assert training_sample(store.split_rows(split), limit, seed, keep) == \
-                        training_records(rows, limit, seed, keep), (split, limit, len(keep), seed)
+                        sorted_sample(rows, limit, seed, keep), (split, limit, len(keep), seed)
 
 
 def test_run_shards_keeps_a_bounded_number_of_tasks_in_flight(tmp_path, prefect_harness, cluster):

@@ -228,32 +228,17 @@ def prelim_model(store: Store, r: int) -> tuple[torch.nn.Module, dict]:
     return store.read_model("classifier") if r == 0 else store.read_model("segmenter", r - 1)
 
 
-def training_records(records: Sequence[ImageRecord], limit: int | None, seed: int,
-                     keep: Collection[str] = ()) -> list[ImageRecord]:
+def training_sample(records: Iterable[ImageRecord], limit: int | None, seed: int,
+                    keep: Collection[str] = ()) -> list[ImageRecord]:
     """The images the corpus-wide trainers learn from (``WSSSConfig.train_images``): all of
     ``records``, or the ``limit`` whose keyed hash of (``seed``, id) is lowest, always with those
     in ``keep`` (the images a person corrected), in the order of ``records``. A hash rank, not a
     draw over the list: an ingest that adds or removes images changes the sample only by as many
-    images, and the same corpus, limit and seed give the same sample in every process."""
-    if limit is None or len(records) <= limit:
-        return list(records)
-    keep = set(keep)
-    salt = str(seed).encode()
+    images, and the same corpus, limit and seed give the same sample in every process.
 
-    def rank(r: ImageRecord) -> bytes:
-        return hashlib.blake2b(r.image_id.encode(), digest_size=8, key=salt[:64]).digest()
-
-    rest = sorted((r for r in records if r.image_id not in keep), key=rank)
-    chosen = (keep & {r.image_id for r in records}) | {r.image_id for r in rest[:max(0, limit - len(keep))]}
-    return [r for r in records if r.image_id in chosen]
-
-
-def training_sample(records: Iterable[ImageRecord], limit: int | None, seed: int,
-                    keep: Collection[str] = ()) -> list[ImageRecord]:
-    """:func:`training_records`'s images, the same ones in the same order, from ``records`` read
-    once as they come (a split's rows streamed: :meth:`Store.split_rows`): without ``limit`` all of
-    them; with it the flow holds at most ``limit`` rows besides those in ``keep`` (a heap of the
-    lowest ranks, ties in the order of ``records`` as the sort keeps them), not the whole split."""
+    ``records`` is read once as it comes (a split's rows streamed: :meth:`Store.split_rows`): the
+    flow holds at most ``limit`` rows besides those in ``keep`` (a heap of the lowest ranks, ties
+    in the order of ``records``), not the whole split."""
     if limit is None:
         return list(records)
     keep, salt = set(keep), str(seed).encode()
@@ -271,7 +256,7 @@ def training_sample(records: Iterable[ImageRecord], limit: int | None, seed: int
             heapq.heappush(heap, item)
         elif heap and item > heap[0]:  # a lower rank (or the same, earlier) than the worst one held
             heapq.heapreplace(heap, item)
-    if n <= limit:  # every row is held: all of them, as training_records returns
+    if n <= limit:  # every row is held: all of them
         chosen = kept + [(pos, r) for _, _, pos, r in heap]
     else:
         best = sorted(heap, reverse=True)[:max(0, limit - len(keep))]
