@@ -384,7 +384,7 @@ def test_bench_on_an_upscaled_multiclass_corpus(tmp_path, capsys):
     out = tmp_path / "bench" / "msrc.json"
     res = bench_highres(str(data), "train", str(out), eval_split="val", train_n=None, eval_n=None, patch_size=64,
                         scale=1.0, steps=3, batch=2, width=8, blocks=(1, 1), overlap=8, threads=1,
-                        variants=("global_local", "downsampled", "gl_coarse_loss"),
+                        variants=("global_local", "downsampled", "gl_method_c"),
                         memory_probe=False)
     saved = json.loads(out.read_text())
     classes = (data / "classes.txt").read_text().split()
@@ -394,7 +394,7 @@ def test_bench_on_an_upscaled_multiclass_corpus(tmp_path, capsys):
     for i in ids[3:]:
         m = files.read_mask(data / "masks" / f"{i}.png")
         truth |= {classes[k] for k in np.unique(m) if k != 255}
-    for name in ("global_local", "downsampled", "gl_coarse_loss"):
+    for name in ("global_local", "downsampled", "gl_method_c"):
         assert 0.0 <= saved[f"{name}_miou"] <= 1.0 and saved[f"{name}_miou"] == res[f"{name}_miou"]
         assert truth <= set(saved[f"{name}_class_iou"]) <= set(classes)
         assert f"{name}_iou" not in saved                          # the vessel keys belong to two-class corpora

@@ -57,8 +57,8 @@ _ROOT = Path(__file__).resolve().parents[2]  # the project (tasks/highres/train.
 class Variant:
     """One network of the benchmark: whether it takes the coarse image, how it labels an image
     (``"patches"``: patch by patch; ``"downsampled"``: the whole image resized to the patch size,
-    on which it is also trained), extra :class:`models.global_local.GlobalLocalNet` options and
-    the weight of the auxiliary loss on the coarse image (needs ``coarse_head``)."""
+    on which it is also trained), extra :class:`models.global_local.GlobalLocalNet` options, the
+    weight of the auxiliary loss on the coarse image (needs ``coarse_head``) and when to pick it."""
 
     use_global: bool
     mode: str = "patches"
@@ -72,79 +72,35 @@ class Variant:
         return self.mode == "downsampled"
 
 
-#: the options of every network whose coarse image is supervised (``global_local`` and its ablations):
-#: a backbone of its own for it, the coarse head's logits added to each patch's, the patch classifier
-#: at PyTorch's random start; each trained with a loss 1.0 x CE on the coarse image against its class fractions
-_SUPERVISED_COARSE = {"coarse_head": True, "coarse_residual": True, "coarse_backbone": True, "residual_init": "random"}
-
-
-def _supervised(about: str, **options) -> Variant:
-    """A network with :data:`_SUPERVISED_COARSE` and ``options``, trained with the soft coarse loss."""
-    return Variant(True, options={**_SUPERVISED_COARSE, **options}, coarse_loss=1.0, coarse_targets="soft",
-                   about=about)
-
-
-#: the benchmark's networks by name; ``DEFAULT_VARIANTS`` run unless ``variants`` says otherwise, the rest
-#: are the ablations of the global-local network: METHOD.md C as written (``gl_method_c``) and its
-#: branches, the coarse image's resolution, the global view's weight at the start, and where the coarse
-#: image's supervision enters (a loss, a residual of its logits, its own backbone, hard or soft targets)
+#: the benchmark's networks by name: the default ``global_local``, the two baselines it is compared with
+#: (``DEFAULT_VARIANTS`` run unless ``variants`` says otherwise) and METHOD.md C as written. The ablations
+#: that chose global_local's options (docs/benchmarks.md, "Method C: msrc21 upscaled and HRF") are in git.
 VARIANTS: dict[str, Variant] = {
-    "global_local": _supervised("METHOD.md C (F1, F2, pooling and spatial branches) with a backbone of its own for "
-                                "the coarse image, the coarse head's logits of each patch's region added to the "
-                                "patch's without a gradient back, and a loss 1.0 x CE on the coarse image against "
-                                "its class fractions (the coarse head's only teacher)", coarse_detach=True),
-    "gl_coarse_attached": _supervised("global_local until 2026-12-06: the patch loss also trains the coarse head "
-                                      "through the coarse logits added"),
-    "gl_gated": _supervised("gl_coarse_attached with F2 times a learnable scalar starting at 0 (the patch branch "
-                            "starts alone)", global_weight=0.0),
+    "global_local": Variant(
+        True, options={"coarse_head": True, "coarse_residual": True, "coarse_backbone": True,
+                       "residual_init": "random", "coarse_detach": True},
+        coarse_loss=1.0, coarse_targets="soft",
+        about="the default: METHOD.md C (F1, F2, pooling and spatial branches) with a backbone of its own for the "
+              "coarse image, the coarse head's logits of each patch's region added to the patch's without a "
+              "gradient back, and a loss 1.0 x CE on the coarse image against its class fractions (the coarse "
+              "head's only teacher); for a corpus whose classes a patch cannot tell apart without the rest of "
+              "the image"),
+    "patch_only": Variant(False, about="baseline: the same network on patches, without the coarse image (what the "
+                                       "coarse image adds)"),
+    "downsampled": Variant(False, "downsampled", about="baseline: the whole image resized to the patch size (what "
+                                                       "the scene alone gives)"),
     "gl_method_c": Variant(True, about="METHOD.md C as written: one backbone for patches and coarse image, F1, F2, "
-                                       "pooling branch (A1, A2), spatial branch (F4, F5), no coarse supervision"),
-    "patch_only": Variant(False, about="the same network on patches, without the coarse image"),
-    "downsampled": Variant(False, "downsampled", about="the whole image resized to the patch size"),
-    "gl_f2": Variant(True, options={"pooling": False, "spatial": False}, about="F1 and F2 only"),
-    "gl_f2_pool": Variant(True, options={"spatial": False}, about="F1, F2 + pooling branch"),
-    "gl_f2_spatial": Variant(True, options={"pooling": False}, about="F1, F2 + spatial branch"),
-    "gl_coarse2x": Variant(True, options={"coarse_size": "2p"}, about="coarse image of twice the patch side"),
-    "gl_residual_gate0": _supervised("gl_coarse_attached with the coarse logits times a learnable weight per class "
-                                     "starting at 0", residual_weight=0.0),
-    "gl_gates0_sup": _supervised("gl_coarse_attached with F2 and the coarse logits each times a learnable weight "
-                                 "starting at 0 (the patch branch starts alone; the coarse image learns on its own "
-                                 "loss)", global_weight=0.0, residual_weight=0.0),
-    "gl_patch_first": _supervised("gl_gates0_sup built patch first: it starts as patch_only itself (the same weights "
-                                  "from the same seed), F2's branches reduced on their own and added",
-                                  global_weight=0.0, residual_weight=0.0, patch_first=True),
-    "gl_patch_first_quiet_gate": _supervised("gl_patch_first whose F2 gate is stepped in proportion to its gradient "
-                                             "(Adam's epsilon 1 for it), so that it stays near 0 where F2 only adds "
-                                             "noise", global_weight=0.0, residual_weight=0.0, patch_first=True,
-                                             gate_eps=1.0),
-    "gl_gated_quiet": _supervised("gl_gated whose F2 gate is stepped in proportion to its gradient (Adam's epsilon 1 "
-                                  "for it): gl_coarse_attached's coarse logits, F2 only where it helps",
-                                  global_weight=0.0, gate_eps=1.0),
-    "gl_global_dropout": _supervised("gl_coarse_attached whose patches each lose their global view (F2 and the "
-                                     "coarse logits) with probability 0.5 in training, so that the patch path also "
-                                     "learns alone", global_dropout=0.5),
-    "gl_coarse2x_sup": _supervised("gl_coarse_attached with a coarse image of twice the patch side", coarse_size="2p"),
-    "gl_gate0": Variant(True, options={"global_weight": 0.0}, about="F2 times a learnable scalar starting at 0"),
-    "gl_gate1": Variant(True, options={"global_weight": 1.0}, about="F2 times a learnable scalar starting at 1"),
-    "gl_coarse_loss": Variant(True, options={"coarse_head": True}, coarse_loss=0.5,
-                              about="+ a classifier on the coarse features, loss 0.5 x CE on the coarse image"),
-    "gl_coarse_residual": Variant(True, options={"coarse_head": True, "coarse_residual": True}, coarse_loss=1.0,
-                                  about="+ the coarse head's logits of the patch's region added to the patch's; "
-                                        "loss 1.0 x CE on the coarse image"),
-    "gl_coarse_loss_soft": Variant(True, options={"coarse_head": True}, coarse_loss=0.5, coarse_targets="soft",
-                                   about="gl_coarse_loss against each coarse pixel's class fractions "
-                                         "(a vessel thinner than a coarse pixel keeps its share)"),
-    "gl_coarse_residual_soft": Variant(True, options={"coarse_head": True, "coarse_residual": True}, coarse_loss=1.0,
-                                       coarse_targets="soft", about="gl_coarse_residual against class fractions"),
-    "gl_two_backbones": Variant(True, options={"coarse_head": True, "coarse_residual": True, "coarse_backbone": True},
-                                coarse_loss=1.0, about="gl_coarse_residual with a backbone of its own for the "
-                                                       "coarse image"),
-    "gl_residual_e2e": Variant(True, options={"coarse_head": True, "coarse_residual": True},
-                               about="the coarse head's logits of the patch's region added to the patch's, the "
-                                     "coarse head trained only through the patch loss (no coarse loss)"),
-    "gl_coarse_residual_gate": Variant(True, options={"coarse_head": True, "coarse_residual": True,
-                                                      "residual_gate": True}, coarse_loss=1.0,
-                                       about="gl_coarse_residual with a learnt weight per class of the coarse logits"),
+                                       "pooling branch (A1, A2), spatial branch (F4, F5), no coarse supervision; "
+                                       "the reference for what global_local changes"),
+    "gl_patch_first_quiet_gate": Variant(
+        True, options={"coarse_head": True, "coarse_residual": True, "coarse_backbone": True,
+                       "residual_init": "random", "global_weight": 0.0, "residual_weight": 0.0, "patch_first": True,
+                       "gate_eps": 1.0},
+        coarse_loss=1.0, coarse_targets="soft",
+        about="the network built patch first: it starts as patch_only itself (the same weights from the same seed), "
+              "F2's branches reduced on their own and added, F2 and the coarse logits each times a learnable weight "
+              "from 0, F2's stepped in proportion to its gradient (Adam's epsilon 1 for it); for a corpus whose "
+              "coarse image shows nothing the patches need"),
 }
 DEFAULT_VARIANTS = ("global_local", "patch_only", "downsampled")
 
@@ -657,12 +613,8 @@ def load_bench_data(data_dir: str | os.PathLike, split: str, *, train_n: int | N
 
 
 def variant_options(variant: Variant, options: dict) -> dict:
-    """The builder options of a variant: the benchmark's, updated by the variant's (``coarse_size``
-    ``"2p"``: twice the patch size)."""
-    extra = dict(variant.options)
-    if extra.get("coarse_size") == "2p":
-        extra["coarse_size"] = 2 * options["patch_size"]
-    return {**options, **extra}
+    """The builder options of a variant: the benchmark's, updated by the variant's."""
+    return {**options, **variant.options}
 
 
 def train_variant(name: str, data: BenchData, *, options: dict, steps: int, batch: int, lr: float, seed: int,
