@@ -504,7 +504,7 @@ def test_soft_cross_entropy_of_one_hot_fractions_is_the_weighted_cross_entropy()
 
 
 def test_training_against_soft_coarse_targets_learns_the_coarse_image():
-    """train_highres with coarse_targets='soft': the coarse head is trained on the class fractions,
+    """train_highres with a coarse loss: the coarse head is trained on the class fractions,
     so after training its prediction on each coarse image follows the two halves of the mask."""
     from conftest import two_colour_images
     from wsseg.models.global_local import coarse_image, global_local, normalize
@@ -512,14 +512,13 @@ def test_training_against_soft_coarse_targets_learns_the_coarse_image():
     torch.manual_seed(0)
     model = global_local(3, patch_size=32, width=8, blocks=(1, 1), coarse_head=True)
     _, losses = hr.train_highres(images, masks, model=model, patch_size=32, steps=30, batch=2, lr=1e-2, seed=0,
-                                 coarse_loss=0.5, coarse_targets="soft")
+                                 coarse_loss=0.5)
     assert np.mean(losses[-3:]) < np.mean(losses[:3])
     with torch.no_grad():
         pred = model.coarse_logits(normalize(coarse_image(images[1], 32))[None]).argmax(1)[0].numpy()
     assert (pred[8:, :12] == 0).mean() > 0.9 and (pred[8:, 20:] == 2).mean() > 0.9
-    with pytest.raises(ValueError, match="coarse_targets"):
-        hr.PatchBatches(images, masks, patch_size=32, steps=1, batch=2, seed=0, use_global=True,
-                        coarse_targets="fuzzy")
+    with pytest.raises(ValueError, match="num_classes"):
+        hr.PatchBatches(images, masks, patch_size=32, steps=1, batch=2, seed=0, use_global=True, coarse_targets=True)
 
 
 def test_every_benchmark_variant_trains_evaluates_and_rebuilds_from_its_options():
