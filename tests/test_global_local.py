@@ -295,18 +295,7 @@ def test_four_channel_inference_sees_the_whole_image():
         segment_large(model, image)
 
 
-# ------------------------------------------------------------------------------------------ ablations (bench highres)
-@pytest.mark.parametrize("pooling,spatial,n_maps", [(False, False, 2), (True, False, 4), (False, True, 4)])
-def test_branches_can_be_left_out(pooling, spatial, n_maps):
-    model = _tiny(pooling=pooling, spatial=spatial)
-    assert model.reduce[0].in_channels == n_maps * 8                 # F6 = [F1, F2] (+ [A1, A2]) (+ [F4, F5])
-    assert hasattr(model, "spatial") == spatial
-    with torch.no_grad():
-        out = model(torch.randn(1, 3, 45, 50))
-    assert out.shape == (1, 3, 45, 50) and torch.isfinite(out).all()
-    assert _tiny(use_global=False, pooling=pooling, spatial=spatial).reduce[0].in_channels == n_maps * 8 // 2
-
-
+# ------------------------------------------------------------------------------------------ options (bench highres)
 def test_global_weight_zero_starts_without_the_coarse_image():
     model = _tiny(global_weight=0.0)
     patches = torch.randn(2, 3, 32, 32)
@@ -320,21 +309,6 @@ def test_global_weight_zero_starts_without_the_coarse_image():
         model.global_gate.fill_(1.0)
         c = model.forward_patches(patches, torch.randn(1, 3, 32, 32), boxes)
     assert not torch.allclose(a, c)
-
-
-def test_coarse_size_other_than_the_patch():
-    model = _tiny(coarse_size=64)
-    image = np.random.default_rng(0).integers(0, 256, (70, 90, 3), dtype=np.uint8)
-    labels = segment_large(model, image, overlap=4, batch=2)
-    x = normalize(image)[None]
-    with torch.no_grad():
-        want = model(x)                                               # torch's coarse resize, 64 x 64
-    assert labels.shape == (70, 90)
-    assert (labels == want[0].argmax(0).numpy()).mean() > 0.95       # only the coarse resize differs
-    with pytest.raises(ValueError, match="coarse images must be"):
-        model.forward_patches(torch.zeros(1, 3, 32, 32), torch.zeros(1, 3, 32, 32), torch.zeros(1, 5))
-    with pytest.raises(ValueError, match="coarse_size"):
-        _tiny(coarse_size=30)
 
 
 def test_coarse_head_logits_and_loss():
@@ -382,21 +356,6 @@ def test_coarse_residual_adds_the_patch_region_of_the_coarse_prediction():
         assert torch.isfinite(model(torch.randn(1, 3, 45, 50))).all()
     with pytest.raises(ValueError, match="coarse_residual needs coarse_head"):
         _tiny(coarse_residual=True)
-
-
-def test_residual_gate_starts_at_one():
-    """``residual_gate``: a learnt weight per class of the coarse logits, 1 at the start (the
-    network starts as ``coarse_residual`` alone)."""
-    gated, plain = _tiny(coarse_head=True, coarse_residual=True, residual_gate=True), \
-        _tiny(coarse_head=True, coarse_residual=True)
-    assert tuple(gated.residual_weight.shape) == (3, 1, 1) and bool((gated.residual_weight == 1).all())
-    patches, coarse = torch.randn(2, 3, 32, 32), torch.randn(1, 3, 32, 32)
-    boxes = torch.tensor([[0, 0, 0, 16, 16], [0, 8, 8, 24, 24.0]])
-    with torch.no_grad():
-        torch.testing.assert_close(gated.forward_patches(patches, coarse, boxes),
-                                   plain.forward_patches(patches, coarse, boxes))
-    with pytest.raises(ValueError, match="residual_gate needs coarse_residual"):
-        _tiny(coarse_head=True, residual_gate=True)
 
 
 def test_residual_weight_zero_starts_without_the_coarse_logits():
@@ -516,38 +475,6 @@ def test_context_dataset_with_a_coarse_loss_trains_the_coarse_head():
     with torch.no_grad():
         pred = model.eval().coarse_logits(inputs["coarse"][None]).argmax(1)[0].numpy()
     assert (pred[:12] == 1).mean() > 0.9 and (pred[20:] == 0).mean() > 0.9
-
-
-def test_global_dropout_takes_the_global_view_from_some_patches_in_training_only():
-    """``global_dropout``: in training a patch that loses its global view has logits that do not
-    depend on the coarse image (F2 and the coarse logits are 0 for it), the others do; at inference
-    every patch has it, and the network is the one without dropout, weights alike."""
-    gl = dict(coarse_head=True, coarse_residual=True, coarse_backbone=True, residual_init="random",
-              norm_layer=torch.nn.Identity)  # no batch statistics: each patch's logits are its own
-    model, plain = _tiny(global_dropout=0.5, **gl), _tiny(**gl)
-    plain.load_state_dict(model.state_dict())
-    patches = torch.randn(16, 3, 32, 32)
-    boxes = torch.tensor([[0, 0, 0, 16, 16]] * 8 + [[0, 8, 8, 24, 24.0]] * 8)
-    a, b = torch.randn(1, 3, 32, 32), torch.randn(1, 3, 32, 32)
-    model.train()
-    with torch.no_grad():
-        torch.manual_seed(1)
-        with_a = model.forward_patches(patches, a, boxes)
-        torch.manual_seed(1)                               # the same patches lose their view
-        with_b = model.forward_patches(patches, b, boxes)
-    same = torch.isclose(with_a, with_b).flatten(1).all(1)
-    assert 0 < int(same.sum()) < 16                        # some patches alone, the others with their view
-    torch.manual_seed(1)
-    dropped = torch.rand(16) < 0.5                         # the draw forward_patches made
-    assert torch.equal(same, dropped)
-    model.eval()
-    with torch.no_grad():
-        torch.testing.assert_close(model.forward_patches(patches, a, boxes), plain.forward_patches(patches, a, boxes))
-        assert not torch.allclose(model.forward_patches(patches, a, boxes), model.forward_patches(patches, b, boxes))
-    with pytest.raises(ValueError, match="global_dropout must lie"):
-        _tiny(global_dropout=1.0)
-    with pytest.raises(ValueError, match="global_dropout needs use_global"):
-        _tiny(use_global=False, global_dropout=0.5)
 
 
 def test_gate_eps_moves_the_f2_gate_in_proportion_to_its_gradient():
