@@ -179,8 +179,6 @@ def add_bench_highres_parser(bench) -> argparse.ArgumentParser:
                         "coarse image adds. downsampled: the whole image resized to the patch size, to measure what "
                         "the scene alone gives. gl_method_c: METHOD.md C as written (one backbone, F2 as features, "
                         "no supervision of the coarse image), to compare global_local with the method it changes. "
-                        "gl_patch_first_quiet_gate: a network that starts as patch_only and lets in only as much of "
-                        "the coarse image as pays, for a corpus whose coarse image shows nothing the patches need. "
                         "The first network with the coarse image gives the checkpoint `wsseg segment --model` reads")
     p.add_argument("--images-per-batch", type=int, default=2,
                    help="images the patches of one step are cut from, each with its coarse image (default 2)")

@@ -296,21 +296,6 @@ def test_four_channel_inference_sees_the_whole_image():
 
 
 # ------------------------------------------------------------------------------------------ options (bench highres)
-def test_global_weight_zero_starts_without_the_coarse_image():
-    model = _tiny(global_weight=0.0)
-    patches = torch.randn(2, 3, 32, 32)
-    boxes = torch.tensor([[0, 0, 0, 16, 16], [0, 8, 8, 24, 24.0]])
-    with torch.no_grad():
-        a = model.forward_patches(patches, torch.randn(1, 3, 32, 32), boxes)
-        b = model.forward_patches(patches, torch.randn(1, 3, 32, 32), boxes)
-    torch.testing.assert_close(a, b)                                  # F2 (and its maps) are 0 at the start
-    assert isinstance(model.global_gate, torch.nn.Parameter)
-    with torch.no_grad():
-        model.global_gate.fill_(1.0)
-        c = model.forward_patches(patches, torch.randn(1, 3, 32, 32), boxes)
-    assert not torch.allclose(a, c)
-
-
 def test_coarse_head_logits_and_loss():
     from wsseg.tasks.highres import train as hr
     model = _tiny(coarse_head=True)
@@ -358,27 +343,6 @@ def test_coarse_residual_adds_the_patch_region_of_the_coarse_prediction():
         _tiny(coarse_residual=True)
 
 
-def test_residual_weight_zero_starts_without_the_coarse_logits():
-    """``residual_weight=0``: the same learnt weight starting at 0, so the network starts as its
-    patch classifier alone: its output is the plain network's minus the coarse logits' share."""
-    torch.manual_seed(0)
-    zero = _tiny(coarse_head=True, coarse_residual=True, residual_weight=0.0)
-    torch.manual_seed(0)
-    one = _tiny(coarse_head=True, coarse_residual=True, residual_weight=1.0)
-    assert bool((zero.residual_weight == 0).all()) and bool((one.residual_weight == 1).all())
-    one.eval(), zero.eval()
-    patches, coarse = torch.randn(2, 3, 32, 32), torch.randn(1, 3, 32, 32)
-    boxes = torch.tensor([[0, 0, 0, 16, 16], [0, 8, 8, 24, 24.0]])
-    with torch.no_grad():
-        with_coarse = one.forward_patches(patches, coarse, boxes)
-        one.residual_weight.zero_()
-        torch.testing.assert_close(zero.forward_patches(patches, coarse, boxes),
-                                   one.forward_patches(patches, coarse, boxes))
-        assert not torch.allclose(with_coarse, zero.forward_patches(patches, coarse, boxes))
-    with pytest.raises(ValueError, match="residual_weight needs coarse_residual"):
-        _tiny(coarse_head=True, residual_weight=0.0)
-
-
 def test_coarse_backbone_gives_the_coarse_image_its_own_weights():
     """``coarse_backbone``: the coarse image's features come from a second backbone, so the
     patches' backbone does not change what the coarse head predicts (and the reverse); the whole-
@@ -404,41 +368,6 @@ def test_coarse_backbone_gives_the_coarse_image_its_own_weights():
         _tiny(use_global=False, coarse_backbone=True)
     with pytest.raises(ValueError, match="residual_init"):
         _tiny(residual_init="ones")
-
-
-def test_patch_first_starts_as_the_patch_network_itself():
-    """``patch_first`` with both gates at 0: the same weights as ``use_global=False`` from the same
-    seed and the same logits, whatever the coarse image; opening either gate lets the coarse image
-    in; a step of training moves the gates off 0 (they learn); whole image and segment_large agree."""
-    gl = dict(coarse_head=True, coarse_residual=True, coarse_backbone=True, residual_init="random",
-              global_weight=0.0, residual_weight=0.0, patch_first=True)
-    plain, first = _tiny(use_global=False), _tiny(**gl)
-    plain_state, first_state = plain.state_dict(), first.state_dict()
-    assert all(torch.equal(v, first_state[k]) for k, v in plain_state.items())
-    assert set(first_state) - set(plain_state)                        # the global path's own modules
-    patches = torch.randn(2, 3, 32, 32)
-    boxes = torch.tensor([[0, 0, 0, 16, 16], [0, 8, 8, 24, 24.0]])
-    with torch.no_grad():
-        alone = plain.forward_patches(patches)
-        for _ in range(2):
-            torch.testing.assert_close(first.forward_patches(patches, torch.randn(1, 3, 32, 32), boxes), alone)
-        coarse = torch.randn(1, 3, 32, 32)
-        for gate in ("global_gate", "residual_weight"):
-            getattr(first, gate).fill_(1.0)
-            assert not torch.allclose(first.forward_patches(patches, coarse, boxes), alone)
-            getattr(first, gate).zero_()
-    image = np.random.default_rng(0).integers(0, 255, (50, 70, 3), dtype=np.uint8)
-    with torch.no_grad():
-        whole = first(normalize(image)[None]).argmax(1)[0].numpy()
-    np.testing.assert_array_equal(segment_large(first, image), whole)
-    first.train()
-    logits, coarse_logits = first.forward_patches(patches, coarse, boxes, with_coarse=True)
-    (logits.logsumexp(1).mean() - logits[:, 1].mean()).backward()
-    assert first.global_gate.grad.abs() > 0 and first.residual_weight.grad.abs().sum() > 0
-    with pytest.raises(ValueError, match="patch_first needs use_global"):
-        _tiny(use_global=False, patch_first=True)
-    with pytest.raises(ValueError, match="residual_init must be 'random'"):
-        _tiny(coarse_head=True, coarse_residual=True, patch_first=True)
 
 
 def test_context_dataset_with_a_coarse_loss_trains_the_coarse_head():
@@ -475,40 +404,6 @@ def test_context_dataset_with_a_coarse_loss_trains_the_coarse_head():
     with torch.no_grad():
         pred = model.eval().coarse_logits(inputs["coarse"][None]).argmax(1)[0].numpy()
     assert (pred[:12] == 1).mean() > 0.9 and (pred[20:] == 0).mean() > 0.9
-
-
-def test_gate_eps_moves_the_f2_gate_in_proportion_to_its_gradient():
-    """``gate_eps``: the optimiser every network trains with (:func:`tasks.common.training.make_optimizer`)
-    steps the F2 gate by ``lr * g / (|g| + eps)`` on its first step (Adam's, with that epsilon and no
-    weight decay), so a small gradient moves it in proportion to itself and a large one by about the
-    learning rate; every other parameter, and the gate of a network without ``gate_eps``, takes
-    Adam's normalised step of the learning rate whatever its gradient's size."""
-    from wsseg.tasks.common.training import TrainConfig, make_optimizer
-
-    cfg = TrainConfig(lr=0.01, weight_decay=0.0)
-    gl = dict(coarse_head=True, coarse_residual=True, coarse_backbone=True, residual_init="random",
-              global_weight=0.0, residual_weight=0.0, patch_first=True)
-
-    def first_step(model, g):
-        opt = make_optimizer(model, cfg)
-        for p in model.parameters():
-            p.grad = torch.full_like(p, g)
-        before = {n: p.detach().clone() for n, p in model.named_parameters()}
-        opt.step()
-        return {n: float((before[n] - p.detach()).flatten()[0]) for n, p in model.named_parameters()}
-
-    quiet, plain = _tiny(gate_eps=1.0, **gl), _tiny(**gl)
-    for g in (1e-3, 10.0):
-        moved, moved_plain = first_step(quiet, g), first_step(plain, g)
-        assert moved["global_gate"] == pytest.approx(cfg.lr * g / (g + 1.0), rel=1e-4)
-        assert moved_plain["global_gate"] == pytest.approx(cfg.lr, rel=1e-4)
-        assert moved["residual_weight"] == pytest.approx(cfg.lr, rel=1e-4)   # only F2's gate is quiet
-        assert moved["classifier.weight"] == pytest.approx(cfg.lr, rel=1e-4)
-    assert moved_plain.keys() == moved.keys()                                # the same parameters, all trained
-    with pytest.raises(ValueError, match="gate_eps needs the F2 gate"):
-        _tiny(gate_eps=1.0)
-    with pytest.raises(ValueError, match="gate_eps must be > 0"):
-        _tiny(global_weight=0.0, gate_eps=0.0)
 
 
 def test_coarse_detach_keeps_the_patch_loss_out_of_the_coarse_head():

@@ -91,15 +91,6 @@ VARIANTS: dict[str, Variant] = {
     "gl_method_c": Variant(True, about="METHOD.md C as written: one backbone for patches and coarse image, F1, F2, "
                                        "pooling branch (A1, A2), spatial branch (F4, F5), no coarse supervision; "
                                        "the reference for what global_local changes"),
-    "gl_patch_first_quiet_gate": Variant(
-        True, options={"coarse_head": True, "coarse_residual": True, "coarse_backbone": True,
-                       "residual_init": "random", "global_weight": 0.0, "residual_weight": 0.0, "patch_first": True,
-                       "gate_eps": 1.0},
-        coarse_loss=1.0,
-        about="the network built patch first: it starts as patch_only itself (the same weights from the same seed), "
-              "F2's branches reduced on their own and added, F2 and the coarse logits each times a learnable weight "
-              "from 0, F2's stepped in proportion to its gradient (Adam's epsilon 1 for it); for a corpus whose "
-              "coarse image shows nothing the patches need"),
 }
 DEFAULT_VARIANTS = ("global_local", "patch_only", "downsampled")
 
