@@ -21,12 +21,14 @@ pooled along W) and the row of column means (average pooled along H): the matrix
 an (h, 1) and a (1, w) matrix.  ``use_global=False`` drops the coarse path (F2, A2, F5 and
 F2's maps in the spatial branch): the "patches without global context" ablation.
 
-Options (all off by default, which is the network above): ``coarse_head`` adds a 1x1 classifier on the coarse feature map G, whose logits
-:meth:`forward_patches` returns on request (``with_coarse``) for an auxiliary loss on the coarse
-image; ``coarse_residual`` (with ``coarse_head``) adds that head's logits of each patch's region
-(ROIAlign of the coarse logits, at F1's size) to the patch's logits, so that the network predicts
-what the whole image resized says, corrected by what the patch shows; ``coarse_backbone`` gives
-the coarse image a backbone of its own.
+Options (all off by default, which is the network above; the benchmark's ``global_local`` turns
+them on, ``tasks/highres/train.py:VARIANTS``): ``coarse_head`` adds a 1x1 classifier on the coarse
+feature map G, whose logits :meth:`forward_patches` returns on request (``with_coarse``) for an
+auxiliary loss on the coarse image; ``coarse_residual`` (with ``coarse_head``) adds that head's
+logits of each patch's region (ROIAlign of the coarse logits, at F1's size) to the patch's logits,
+so that the network predicts what the whole image resized says, corrected by what the patch shows
+(``coarse_detach``: without a gradient back into the coarse head); ``coarse_backbone`` gives the
+coarse image a backbone of its own.
 """
 
 from __future__ import annotations
@@ -150,7 +152,7 @@ class GlobalLocalNet(nn.Module):
     blocks : sequence of int
         Backbone blocks per branch (:class:`CompactHRNet`).
     use_global : bool
-        False drops the coarse-image path (ablation).
+        False drops the coarse-image path (``patch_only``, ``downsampled``).
     overlap : int
         Overlap of the patches :meth:`forward` cuts.
     patch_batch : int
