@@ -174,25 +174,12 @@ def add_bench_highres_parser(bench) -> argparse.ArgumentParser:
                         "global_local patch_only downsampled). global_local: METHOD.md C with a backbone of its own "
                         "for the coarse image, the coarse head's logits added to each patch's (no gradient back: "
                         "the coarse head learns from its own loss) and a loss on the coarse image against its class "
-                        "fractions. Ablations (tasks/highres/train.py:VARIANTS): gl_coarse_attached (global_local "
-                        "until 2026-12-06: the patch loss also trains the coarse head; the gl_* variants below that "
-                        "say global_local are built on it), "
-                        "gl_method_c (METHOD.md C as written: one backbone, no coarse supervision), gl_f2 (its F1 "
-                        "and F2 only), gl_f2_pool / gl_f2_spatial (+ pooling / spatial branch), gl_coarse2x "
-                        "(coarse image of twice the patch side), gl_gate0 / gl_gate1 (F2 times a learnable scalar "
-                        "starting at 0 / 1), gl_coarse_loss / gl_coarse_loss_soft (+ a loss on the coarse image, "
-                        "hard / soft targets), gl_coarse_residual / gl_coarse_residual_soft / "
-                        "gl_coarse_residual_gate (+ the coarse logits added to the patch's, one backbone), "
-                        "gl_two_backbones (the same with hard targets and the patch classifier at zero), "
-                        "gl_residual_e2e (coarse logits added, no coarse loss), gl_gated (global_local with F2 "
-                        "times a learnable scalar starting at 0), gl_coarse2x_sup (global_local with a coarse image "
-                        "of twice the patch side), gl_residual_gate0 (global_local with the coarse logits times a "
-                        "learnable weight per class starting at 0), gl_gates0_sup (global_local with both: F2 and "
-                        "the coarse logits each times a learnable weight starting at 0), gl_patch_first (gl_gates0_sup "
-                        "built patch first: it starts as patch_only itself, same weights from the same seed), "
-                        "gl_patch_first_quiet_gate / gl_gated_quiet (gl_patch_first / gl_gated whose F2 gate moves "
-                        "in proportion to its gradient), gl_global_dropout (global_local whose patches each lose "
-                        "their global view with probability 0.5 in training)")
+                        "fractions; the network for a corpus whose classes a patch cannot tell apart without the "
+                        "rest of the image. patch_only: the same network on patches alone, to measure what the "
+                        "coarse image adds. downsampled: the whole image resized to the patch size, to measure what "
+                        "the scene alone gives. gl_method_c: METHOD.md C as written (one backbone, F2 as features, "
+                        "no supervision of the coarse image), to compare global_local with the method it changes. "
+                        "The first network with the coarse image gives the checkpoint `wsseg segment --model` reads")
     p.add_argument("--images-per-batch", type=int, default=2,
                    help="images the patches of one step are cut from, each with its coarse image (default 2)")
     p.add_argument("--memory-probe", action=argparse.BooleanOptionalAction, default=True,

@@ -4,8 +4,8 @@
   writes ``<out>/segment.json``; its Prefect and MLflow state live in the ``--out`` folder.
 * :func:`bench_highres` compares, on the same images and step budget, (a) global-local, (b) the
   same network on patches without the global inputs and (c) the whole image downsampled to the
-  patch size, and on request the ablations of :data:`tasks.highres.train.VARIANTS`
-  (:mod:`tasks.highres.train`); two-class corpora (HRF) are scored by vessel IoU / F1, others by
+  patch size, and on request METHOD.md C as written (``gl_method_c``; :data:`tasks.highres.train.VARIANTS`);
+  two-class corpora (HRF) are scored by vessel IoU / F1, others by
   per-class IoU and mIoU; it measures the peak memory of ``wsseg segment`` on an evaluation
   image at its original size and at twice its side, and the CPU throughput; writes the JSON,
   an overlay PNG and the global-local checkpoint. Its Prefect and MLflow state live in the

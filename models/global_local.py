@@ -21,17 +21,14 @@ pooled along W) and the row of column means (average pooled along H): the matrix
 an (h, 1) and a (1, w) matrix.  ``use_global=False`` drops the coarse path (F2, A2, F5 and
 F2's maps in the spatial branch): the "patches without global context" ablation.
 
-Ablations and variants (all off by default, which is the network above): ``pooling=False`` /
-``spatial=False`` drop the pooling branch (A1, A2) / the spatial branch (F4, F5) from F6, so
-``pooling=spatial=False`` is "F1 and F2 alone"; ``coarse_size`` gives the coarse image its own
-side (default the patch size); ``global_weight`` multiplies F2 by a learnable scalar that starts
-at that value (0: the network starts as if it had no global input); ``coarse_head`` adds a 1x1
-classifier on the coarse feature map G, whose logits :meth:`forward_patches` returns on request
-(``with_coarse``) for an auxiliary loss on the coarse image; ``coarse_residual`` (with
-``coarse_head``) adds that head's logits of each patch's region (ROIAlign of the coarse logits,
-at F1's size) to the patch's logits, so that the network predicts what the whole image resized
-says, corrected by what the patch shows; ``coarse_backbone`` gives the coarse image a backbone of
-its own.
+Options (all off by default, which is the network above; the benchmark's ``global_local`` turns
+them on, ``tasks/highres/train.py:VARIANTS``): ``coarse_head`` adds a 1x1 classifier on the coarse
+feature map G, whose logits :meth:`forward_patches` returns on request (``with_coarse``) for an
+auxiliary loss on the coarse image; ``coarse_residual`` (with ``coarse_head``) adds that head's
+logits of each patch's region (ROIAlign of the coarse logits, at F1's size) to the patch's logits,
+so that the network predicts what the whole image resized says, corrected by what the patch shows
+(``coarse_detach``: without a gradient back into the coarse head); ``coarse_backbone`` gives the
+coarse image a backbone of its own.
 """
 
 from __future__ import annotations
@@ -155,17 +152,11 @@ class GlobalLocalNet(nn.Module):
     blocks : sequence of int
         Backbone blocks per branch (:class:`CompactHRNet`).
     use_global : bool
-        False drops the coarse-image path (ablation).
+        False drops the coarse-image path (``patch_only``, ``downsampled``).
     overlap : int
         Overlap of the patches :meth:`forward` cuts.
     patch_batch : int
         Patches per backbone call in :meth:`forward`.
-    pooling, spatial : bool
-        Keep the pooling branch (A1, A2) / the spatial branch (F4, F5) in F6.
-    coarse_size : int, optional
-        Side of the coarse image (a multiple of 4; default ``patch_size``).
-    global_weight : float, optional
-        F2 is multiplied by a learnable scalar starting at this value (default: no scalar).
     coarse_head : bool
         Add a classifier on the coarse features (:meth:`coarse_logits`, auxiliary loss).
     coarse_residual : bool
@@ -178,11 +169,6 @@ class GlobalLocalNet(nn.Module):
         loss through F2), and the patch path takes that prediction as it is (as a stacked model takes
         a base model's), instead of also bending it towards whatever lowers the patch loss on the
         training images.
-    residual_gate : bool
-        A learnt weight per class of the coarse logits in ``coarse_residual``, starting at 1.
-    residual_weight : float, optional
-        The same weight starting at this value instead (0: the network starts without the coarse
-        logits and lets in as much of them as helps).
     coarse_backbone : bool
         The coarse image goes through a backbone of its own (same architecture, its own weights,
         as the global branch of GLNet, Chen et al. 2019) instead of the patches' backbone, so an
@@ -191,24 +177,6 @@ class GlobalLocalNet(nn.Module):
     residual_init : {"zero", "random"}
         The patch classifier's start with ``coarse_residual``: zero (the network starts as the coarse
         prediction) or PyTorch's default random initialisation.
-    patch_first : bool
-        Build the patch path first, as ``use_global=False`` builds it (the same modules, drawn in
-        the same order from the same seed), then the global path beside it: F2's share of F6 has a
-        spatial attention and a 1x1 reduction of its own, added to the patches' before the
-        normalisation. With ``global_weight=0`` and ``residual_weight=0`` the network then starts
-        as the patch network itself, weights included, and lets in as much of the coarse image as
-        helps: a corpus whose coarse image shows nothing (HRF's vessels) keeps the patches' result.
-    global_dropout : float
-        During training, each patch loses its global view (F2 and the coarse logits set to 0) with
-        this probability, so that the patch path also learns to segment alone (the coarse image's
-        own loss still trains the coarse head); at inference every patch has it.
-    gate_eps : float, optional
-        Adam's epsilon for the F2 gate (``global_weight``) in a parameter group of its own, without
-        weight decay (:meth:`param_groups`): a gradient smaller than it moves the gate in proportion
-        to itself, as plain SGD would, instead of by Adam's normalised step of about the learning
-        rate whatever the gradient's size. A gate that has only noise to follow then stays near its
-        start (HRF, where F2 shows no vessel) and one with a steady gradient still opens (msrc21
-        x6). None: the gate is one more parameter of the network's single group.
     backbone : {"hrnet", "lite0", "lite1", "lite2"}
         The patches' (and coarse images') backbone: :class:`CompactHRNet` from scratch, or an
         EfficientNet-Lite with ImageNet weights (:class:`models.lite_nets.LiteStride4`).
@@ -221,21 +189,11 @@ class GlobalLocalNet(nn.Module):
     def __init__(self, num_classes: int, in_channels: int = 3, *, patch_size: int = 512, width: int = 32,
                  n_convs: int = 2, m_convs: int = 2, blocks: Sequence[int] = (2, 2, 2),
                  use_global: bool = True, overlap: int = 0, patch_batch: int = 4,
-                 norm_layer: Callable[[int], nn.Module] | None = None, pooling: bool = True,
-                 spatial: bool = True, coarse_size: int | None = None, global_weight: float | None = None,
-                 coarse_head: bool = False, coarse_residual: bool = False, residual_gate: bool = False,
-                 residual_weight: float | None = None, coarse_backbone: bool = False, residual_init: str = "zero", backbone: str = "hrnet",
-                 patch_first: bool = False, global_dropout: float = 0.0, gate_eps: float | None = None,
-                 coarse_detach: bool = False, weights: Mapping[str, Tensor] | None = None) -> None:
+                 norm_layer: Callable[[int], nn.Module] | None = None, coarse_head: bool = False,
+                 coarse_residual: bool = False, coarse_backbone: bool = False, residual_init: str = "zero",
+                 backbone: str = "hrnet", coarse_detach: bool = False,
+                 weights: Mapping[str, Tensor] | None = None) -> None:
         super().__init__()
-        if not 0.0 <= global_dropout < 1.0:
-            raise ValueError(f"global_dropout must lie in [0, 1), got {global_dropout}")
-        if global_dropout and not use_global:
-            raise ValueError("global_dropout needs use_global=True")
-        if gate_eps is not None and (global_weight is None or not use_global):
-            raise ValueError("gate_eps needs the F2 gate: use_global=True and a global_weight")
-        if gate_eps is not None and not gate_eps > 0:
-            raise ValueError(f"gate_eps must be > 0, got {gate_eps}")
         if backbone not in ("hrnet", "lite0", "lite1", "lite2"):
             raise ValueError(f"backbone must be hrnet, lite0, lite1 or lite2, got {backbone!r}")
         if weights is not None and backbone == "hrnet":
@@ -246,10 +204,6 @@ class GlobalLocalNet(nn.Module):
             raise ValueError("coarse_detach needs coarse_residual=True (it detaches the coarse logits added)")
         if coarse_backbone and not use_global:
             raise ValueError("coarse_backbone needs use_global=True")
-        if patch_first and not use_global:
-            raise ValueError("patch_first needs use_global=True")
-        if patch_first and coarse_residual and residual_init == "zero":
-            raise ValueError("patch_first keeps the patch classifier's own start: residual_init must be 'random'")
         if residual_init not in ("zero", "random"):
             raise ValueError(f"residual_init must be 'zero' or 'random', got {residual_init!r}")
         if num_classes < 1:
@@ -260,15 +214,11 @@ class GlobalLocalNet(nn.Module):
             raise ValueError(f"n_convs and m_convs must be >= 2 (METHOD.md C), got {n_convs}, {m_convs}")
         if not 0 <= overlap < patch_size:
             raise ValueError(f"overlap must lie in [0, patch_size), got {overlap}")
-        coarse_size = int(coarse_size or patch_size)
-        if coarse_size < 8 or coarse_size % 4:
-            raise ValueError(f"coarse_size must be a multiple of 4 (>= 8), got {coarse_size}")
         norm_layer = norm_layer or nn.BatchNorm2d
         self.num_classes, self.in_channels, self.patch_size = num_classes, in_channels, patch_size
-        self.use_global, self.global_dropout = use_global, float(global_dropout)
-        self.gate_eps = None if gate_eps is None else float(gate_eps)
+        self.use_global = use_global
         self.overlap, self.patch_batch = overlap, patch_batch
-        self.pooling, self.with_spatial, self.coarse_size = pooling, spatial, coarse_size
+        self.coarse_size = patch_size  # the coarse image's side
         self.coarse_residual, self.coarse_detach = coarse_residual, bool(coarse_detach)
         c = width
         def make_backbone() -> nn.Module:
@@ -277,88 +227,32 @@ class GlobalLocalNet(nn.Module):
             from wsseg.models.lite_nets import LiteStride4  # ImageNet-pretrained (issue 31)
             return LiteStride4(in_channels, width, backbone, weights)
 
-        self.patch_first = patch_first
-        if patch_first:
-            self._build_patch_first(make_backbone, num_classes, c, n_convs, m_convs, norm_layer, coarse_backbone,
-                                    global_weight, coarse_head, coarse_residual, residual_gate, residual_weight)
-            return
         self.backbone = make_backbone()
         if coarse_backbone:  # the coarse image gets its own weights (GLNet's global branch)
             self.coarse_backbone = make_backbone()
         self.stride = self.backbone.stride
         n_maps = 4 if use_global else 2  # the spatial branch's mean/max maps: of F1 (and F2)
-        if spatial:
-            self.spatial, self.spatial_out = _spatial_branch(n_maps, n_convs, norm_layer)
-        if use_global and global_weight is not None:
-            self.global_gate = nn.Parameter(torch.tensor(float(global_weight)))
+        self.spatial, self.spatial_out = _spatial_branch(n_maps, n_convs, norm_layer)
         if use_global and coarse_head:
             self.coarse_classifier = nn.Conv2d(c, num_classes, 1)
         # F6 -> reduce -> m identical conv-bn-relu -> two kernels concatenated (F7) -> classifier
-        self._build_head((2 if use_global else 1) * (1 + int(pooling) + int(spatial)) * c, c, m_convs, num_classes,
-                         norm_layer)
-        if coarse_residual and residual_init == "zero":  # the patches start as the coarse prediction of their region
-            nn.init.zeros_(self.classifier.weight)
-            nn.init.zeros_(self.classifier.bias)
-        self._add_residual_weight(num_classes, coarse_residual, residual_gate, residual_weight)
-
-    def param_groups(self, lr: float):
-        """The optimiser's parameter groups (:func:`tasks.common.training.fit`): all parameters in one,
-        or with ``gate_eps`` the F2 gate in a group of its own (that epsilon, no weight decay)."""
-        if self.gate_eps is None:
-            return self.parameters()
-        rest = [p for p in self.parameters() if p is not self.global_gate]
-        return [{"params": rest}, {"params": [self.global_gate], "eps": self.gate_eps, "weight_decay": 0.0}]
-
-    def _build_head(self, in_channels: int, c: int, m_convs: int, num_classes: int, norm_layer) -> None:
-        """F6 -> ``reduce`` -> ``convs`` (m identical conv-bn-relu) -> ``head1``, ``head3`` (F7) ->
-        ``classifier``, drawn in that order."""
-        self.reduce = _conv_bn_relu(in_channels, c, 1, 1, norm_layer)
+        self.reduce = _conv_bn_relu((2 if use_global else 1) * 3 * c, c, 1, 1, norm_layer)
         self.convs = nn.Sequential(*[_conv_bn_relu(c, c, 3, 1, norm_layer) for _ in range(m_convs)])
         self.head1 = _conv_bn_relu(c, c // 2, 1, 1, norm_layer)
         self.head3 = _conv_bn_relu(c, c - c // 2, 3, 1, norm_layer)
         self.classifier = nn.Conv2d(c, num_classes, 1)
+        if coarse_residual and residual_init == "zero":  # the patches start as the coarse prediction of their region
+            nn.init.zeros_(self.classifier.weight)
+            nn.init.zeros_(self.classifier.bias)
 
-    def _add_residual_weight(self, num_classes: int, coarse_residual: bool, residual_gate: bool,
-                             residual_weight: float | None) -> None:
-        """A learnt weight per class of the coarse logits (``residual_gate``: from 1; ``residual_weight``)."""
-        if residual_gate or residual_weight is not None:
-            if not coarse_residual:
-                raise ValueError(f"{'residual_gate' if residual_gate else 'residual_weight'} needs coarse_residual=True")
-            start = 1.0 if residual_weight is None else float(residual_weight)
-            self.residual_weight = nn.Parameter(torch.full((num_classes, 1, 1), start))
-
-    def _build_patch_first(self, make_backbone, num_classes, c, n_convs, m_convs, norm_layer, coarse_backbone,
-                           global_weight, coarse_head, coarse_residual, residual_gate, residual_weight) -> None:
-        """``patch_first``: the patch path's modules in ``use_global=False``'s order, then the global ones."""
-        n_parts = 1 + int(self.pooling) + int(self.with_spatial)
-        self.backbone = make_backbone()
-        self.stride = self.backbone.stride
-        if self.with_spatial:
-            self.spatial, self.spatial_out = _spatial_branch(2, n_convs, norm_layer)
-        self._build_head(n_parts * c, c, m_convs, num_classes, norm_layer)
-        # the global path: F2's attention from the maps of F1 and F2, its own 1x1 reduction
-        if coarse_backbone:
-            self.coarse_backbone = make_backbone()
-        if self.with_spatial:
-            self.spatial_global, self.spatial_global_out = _spatial_branch(4, n_convs, norm_layer)
-        self.reduce_global = nn.Conv2d(n_parts * c, c, 1, bias=False)
-        if global_weight is not None:
-            self.global_gate = nn.Parameter(torch.tensor(float(global_weight)))
-        if coarse_head:
-            self.coarse_classifier = nn.Conv2d(c, num_classes, 1)
-        self._add_residual_weight(num_classes, coarse_residual, residual_gate, residual_weight)
-
-    def _branches(self, feats: list[Tensor], spatial: nn.ModuleList, spatial_out: nn.Module,
-                  maps_of: list[Tensor]) -> list[Tensor]:
-        """F, its pooling product and its spatially attended copy (the branches that are on), for
-        each of ``feats``, the attention computed from the mean and max maps of ``maps_of``."""
+    def _branches(self, feats: list[Tensor]) -> list[Tensor]:
+        """F6: each of ``feats`` (F1, F2), its pooling product (A1, A2) and its spatially attended copy
+        (F4, F5), the attention computed from the mean and max maps of all of them."""
         parts = list(feats)
-        if self.pooling:
-            parts += [self.pool_product(f) for f in feats]
-        if self.with_spatial:
-            maps = torch.cat([m for f in maps_of for m in (f.mean(1, keepdim=True), f.amax(1, keepdim=True))], 1)
-            s = torch.sigmoid(spatial_out(torch.cat([conv(maps) for conv in spatial], 1)))
-            parts += [f * s for f in feats]
+        parts += [self.pool_product(f) for f in feats]
+        maps = torch.cat([m for f in feats for m in (f.mean(1, keepdim=True), f.amax(1, keepdim=True))], 1)
+        s = torch.sigmoid(self.spatial_out(torch.cat([conv(maps) for conv in self.spatial], 1)))
+        parts += [f * s for f in feats]
         return parts
 
     # -- building blocks -------------------------------------------------------------
@@ -398,10 +292,9 @@ class GlobalLocalNet(nn.Module):
         return both[:patches.shape[0]], both[patches.shape[0]:]
 
     def _roi(self, g: Tensor, boxes: Tensor, f1: Tensor) -> Tensor:
-        """F2: each box's region of G (boxes in coarse-image pixels), at F1's size, times the gate."""
+        """F2: each box's region of G (boxes in coarse-image pixels), at F1's size."""
         scale = g.shape[-1] / self.coarse_size
-        f2 = roi_align(g, boxes.to(g.dtype), f1.shape[-2:], spatial_scale=scale, sampling_ratio=-1, aligned=True)
-        return f2 * self.global_gate if hasattr(self, "global_gate") else f2
+        return roi_align(g, boxes.to(g.dtype), f1.shape[-2:], spatial_scale=scale, sampling_ratio=-1, aligned=True)
 
     def coarse_logits(self, coarse: Tensor) -> Tensor:
         """(B, K, c, c) logits of the coarse images from the coarse head (``coarse_head=True``)."""
@@ -419,7 +312,7 @@ class GlobalLocalNet(nn.Module):
         patches : (N, C_in, p, p) float tensor
             Normalised image patches.
         coarse : (B, C_in, c, c) float tensor
-            Normalised coarse images, ``c = coarse_size`` (ignored when ``use_global`` is False).
+            Normalised coarse images, ``c = coarse_size`` (the patch size; ignored when ``use_global`` is False).
         boxes : (N, 5) tensor
             ``[batch_idx into coarse, x1, y1, x2, y2]``: each patch's region in coarse-image
             pixel coordinates.
@@ -464,27 +357,12 @@ class GlobalLocalNet(nn.Module):
                     residual = roi_align(source, boxes.to(g_logits.dtype), f1.shape[-2:],
                                          spatial_scale=g.shape[-1] / self.coarse_size, sampling_ratio=-1,
                                          aligned=True)
-            if self.training and self.global_dropout:  # some patches learn without their global view
-                keep = (torch.rand(f2.shape[0], 1, 1, 1, device=f2.device) >= self.global_dropout).to(f2.dtype)
-                f2 = f2 * keep
-                residual = None if residual is None else residual * keep
-        if self.patch_first:
-            # F6 of the patches as use_global=False has it, F2's branches reduced on their own and added
-            conv, norm, act = self.reduce
-            spatial = (getattr(self, "spatial", None), getattr(self, "spatial_out", None))
-            x = conv(torch.cat(self._branches([f1], *spatial, [f1]), 1))
-            g_spatial = (getattr(self, "spatial_global", None), getattr(self, "spatial_global_out", None))
-            x = x + self.reduce_global(torch.cat(self._branches([f2], *g_spatial, [f1, f2]), 1))
-            x = self.convs(act(norm(x)))
-        else:
-            feats = [f1] if f2 is None else [f1, f2]
-            # fusion head
-            x = self.convs(self.reduce(torch.cat(self._branches(feats, getattr(self, "spatial", None),
-                                                                getattr(self, "spatial_out", None), feats), 1)))
+        # fusion head
+        x = self.convs(self.reduce(torch.cat(self._branches([f1] if f2 is None else [f1, f2]), 1)))
         f7 = torch.cat([self.head1(x), self.head3(x)], 1)
         out = self.classifier(f7)
         if residual is not None:
-            out = out + (residual * self.residual_weight if hasattr(self, "residual_weight") else residual)
+            out = out + residual
         logits = F.interpolate(out, size=patches.shape[-2:], mode="bilinear", align_corners=False)
         return logits if coarse_logits is None else (logits, coarse_logits)
 

@@ -295,48 +295,7 @@ def test_four_channel_inference_sees_the_whole_image():
         segment_large(model, image)
 
 
-# ------------------------------------------------------------------------------------------ ablations (bench highres)
-@pytest.mark.parametrize("pooling,spatial,n_maps", [(False, False, 2), (True, False, 4), (False, True, 4)])
-def test_branches_can_be_left_out(pooling, spatial, n_maps):
-    model = _tiny(pooling=pooling, spatial=spatial)
-    assert model.reduce[0].in_channels == n_maps * 8                 # F6 = [F1, F2] (+ [A1, A2]) (+ [F4, F5])
-    assert hasattr(model, "spatial") == spatial
-    with torch.no_grad():
-        out = model(torch.randn(1, 3, 45, 50))
-    assert out.shape == (1, 3, 45, 50) and torch.isfinite(out).all()
-    assert _tiny(use_global=False, pooling=pooling, spatial=spatial).reduce[0].in_channels == n_maps * 8 // 2
-
-
-def test_global_weight_zero_starts_without_the_coarse_image():
-    model = _tiny(global_weight=0.0)
-    patches = torch.randn(2, 3, 32, 32)
-    boxes = torch.tensor([[0, 0, 0, 16, 16], [0, 8, 8, 24, 24.0]])
-    with torch.no_grad():
-        a = model.forward_patches(patches, torch.randn(1, 3, 32, 32), boxes)
-        b = model.forward_patches(patches, torch.randn(1, 3, 32, 32), boxes)
-    torch.testing.assert_close(a, b)                                  # F2 (and its maps) are 0 at the start
-    assert isinstance(model.global_gate, torch.nn.Parameter)
-    with torch.no_grad():
-        model.global_gate.fill_(1.0)
-        c = model.forward_patches(patches, torch.randn(1, 3, 32, 32), boxes)
-    assert not torch.allclose(a, c)
-
-
-def test_coarse_size_other_than_the_patch():
-    model = _tiny(coarse_size=64)
-    image = np.random.default_rng(0).integers(0, 256, (70, 90, 3), dtype=np.uint8)
-    labels = segment_large(model, image, overlap=4, batch=2)
-    x = normalize(image)[None]
-    with torch.no_grad():
-        want = model(x)                                               # torch's coarse resize, 64 x 64
-    assert labels.shape == (70, 90)
-    assert (labels == want[0].argmax(0).numpy()).mean() > 0.95       # only the coarse resize differs
-    with pytest.raises(ValueError, match="coarse images must be"):
-        model.forward_patches(torch.zeros(1, 3, 32, 32), torch.zeros(1, 3, 32, 32), torch.zeros(1, 5))
-    with pytest.raises(ValueError, match="coarse_size"):
-        _tiny(coarse_size=30)
-
-
+# ------------------------------------------------------------------------------------------ options (bench highres)
 def test_coarse_head_logits_and_loss():
     from wsseg.tasks.highres import train as hr
     model = _tiny(coarse_head=True)
@@ -384,42 +343,6 @@ def test_coarse_residual_adds_the_patch_region_of_the_coarse_prediction():
         _tiny(coarse_residual=True)
 
 
-def test_residual_gate_starts_at_one():
-    """``residual_gate``: a learnt weight per class of the coarse logits, 1 at the start (the
-    network starts as ``coarse_residual`` alone)."""
-    gated, plain = _tiny(coarse_head=True, coarse_residual=True, residual_gate=True), \
-        _tiny(coarse_head=True, coarse_residual=True)
-    assert tuple(gated.residual_weight.shape) == (3, 1, 1) and bool((gated.residual_weight == 1).all())
-    patches, coarse = torch.randn(2, 3, 32, 32), torch.randn(1, 3, 32, 32)
-    boxes = torch.tensor([[0, 0, 0, 16, 16], [0, 8, 8, 24, 24.0]])
-    with torch.no_grad():
-        torch.testing.assert_close(gated.forward_patches(patches, coarse, boxes),
-                                   plain.forward_patches(patches, coarse, boxes))
-    with pytest.raises(ValueError, match="residual_gate needs coarse_residual"):
-        _tiny(coarse_head=True, residual_gate=True)
-
-
-def test_residual_weight_zero_starts_without_the_coarse_logits():
-    """``residual_weight=0``: the same learnt weight starting at 0, so the network starts as its
-    patch classifier alone: its output is the plain network's minus the coarse logits' share."""
-    torch.manual_seed(0)
-    zero = _tiny(coarse_head=True, coarse_residual=True, residual_weight=0.0)
-    torch.manual_seed(0)
-    one = _tiny(coarse_head=True, coarse_residual=True, residual_weight=1.0)
-    assert bool((zero.residual_weight == 0).all()) and bool((one.residual_weight == 1).all())
-    one.eval(), zero.eval()
-    patches, coarse = torch.randn(2, 3, 32, 32), torch.randn(1, 3, 32, 32)
-    boxes = torch.tensor([[0, 0, 0, 16, 16], [0, 8, 8, 24, 24.0]])
-    with torch.no_grad():
-        with_coarse = one.forward_patches(patches, coarse, boxes)
-        one.residual_weight.zero_()
-        torch.testing.assert_close(zero.forward_patches(patches, coarse, boxes),
-                                   one.forward_patches(patches, coarse, boxes))
-        assert not torch.allclose(with_coarse, zero.forward_patches(patches, coarse, boxes))
-    with pytest.raises(ValueError, match="residual_weight needs coarse_residual"):
-        _tiny(coarse_head=True, residual_weight=0.0)
-
-
 def test_coarse_backbone_gives_the_coarse_image_its_own_weights():
     """``coarse_backbone``: the coarse image's features come from a second backbone, so the
     patches' backbone does not change what the coarse head predicts (and the reverse); the whole-
@@ -445,41 +368,6 @@ def test_coarse_backbone_gives_the_coarse_image_its_own_weights():
         _tiny(use_global=False, coarse_backbone=True)
     with pytest.raises(ValueError, match="residual_init"):
         _tiny(residual_init="ones")
-
-
-def test_patch_first_starts_as_the_patch_network_itself():
-    """``patch_first`` with both gates at 0: the same weights as ``use_global=False`` from the same
-    seed and the same logits, whatever the coarse image; opening either gate lets the coarse image
-    in; a step of training moves the gates off 0 (they learn); whole image and segment_large agree."""
-    gl = dict(coarse_head=True, coarse_residual=True, coarse_backbone=True, residual_init="random",
-              global_weight=0.0, residual_weight=0.0, patch_first=True)
-    plain, first = _tiny(use_global=False), _tiny(**gl)
-    plain_state, first_state = plain.state_dict(), first.state_dict()
-    assert all(torch.equal(v, first_state[k]) for k, v in plain_state.items())
-    assert set(first_state) - set(plain_state)                        # the global path's own modules
-    patches = torch.randn(2, 3, 32, 32)
-    boxes = torch.tensor([[0, 0, 0, 16, 16], [0, 8, 8, 24, 24.0]])
-    with torch.no_grad():
-        alone = plain.forward_patches(patches)
-        for _ in range(2):
-            torch.testing.assert_close(first.forward_patches(patches, torch.randn(1, 3, 32, 32), boxes), alone)
-        coarse = torch.randn(1, 3, 32, 32)
-        for gate in ("global_gate", "residual_weight"):
-            getattr(first, gate).fill_(1.0)
-            assert not torch.allclose(first.forward_patches(patches, coarse, boxes), alone)
-            getattr(first, gate).zero_()
-    image = np.random.default_rng(0).integers(0, 255, (50, 70, 3), dtype=np.uint8)
-    with torch.no_grad():
-        whole = first(normalize(image)[None]).argmax(1)[0].numpy()
-    np.testing.assert_array_equal(segment_large(first, image), whole)
-    first.train()
-    logits, coarse_logits = first.forward_patches(patches, coarse, boxes, with_coarse=True)
-    (logits.logsumexp(1).mean() - logits[:, 1].mean()).backward()
-    assert first.global_gate.grad.abs() > 0 and first.residual_weight.grad.abs().sum() > 0
-    with pytest.raises(ValueError, match="patch_first needs use_global"):
-        _tiny(use_global=False, patch_first=True)
-    with pytest.raises(ValueError, match="residual_init must be 'random'"):
-        _tiny(coarse_head=True, coarse_residual=True, patch_first=True)
 
 
 def test_context_dataset_with_a_coarse_loss_trains_the_coarse_head():
@@ -516,72 +404,6 @@ def test_context_dataset_with_a_coarse_loss_trains_the_coarse_head():
     with torch.no_grad():
         pred = model.eval().coarse_logits(inputs["coarse"][None]).argmax(1)[0].numpy()
     assert (pred[:12] == 1).mean() > 0.9 and (pred[20:] == 0).mean() > 0.9
-
-
-def test_global_dropout_takes_the_global_view_from_some_patches_in_training_only():
-    """``global_dropout``: in training a patch that loses its global view has logits that do not
-    depend on the coarse image (F2 and the coarse logits are 0 for it), the others do; at inference
-    every patch has it, and the network is the one without dropout, weights alike."""
-    gl = dict(coarse_head=True, coarse_residual=True, coarse_backbone=True, residual_init="random",
-              norm_layer=torch.nn.Identity)  # no batch statistics: each patch's logits are its own
-    model, plain = _tiny(global_dropout=0.5, **gl), _tiny(**gl)
-    plain.load_state_dict(model.state_dict())
-    patches = torch.randn(16, 3, 32, 32)
-    boxes = torch.tensor([[0, 0, 0, 16, 16]] * 8 + [[0, 8, 8, 24, 24.0]] * 8)
-    a, b = torch.randn(1, 3, 32, 32), torch.randn(1, 3, 32, 32)
-    model.train()
-    with torch.no_grad():
-        torch.manual_seed(1)
-        with_a = model.forward_patches(patches, a, boxes)
-        torch.manual_seed(1)                               # the same patches lose their view
-        with_b = model.forward_patches(patches, b, boxes)
-    same = torch.isclose(with_a, with_b).flatten(1).all(1)
-    assert 0 < int(same.sum()) < 16                        # some patches alone, the others with their view
-    torch.manual_seed(1)
-    dropped = torch.rand(16) < 0.5                         # the draw forward_patches made
-    assert torch.equal(same, dropped)
-    model.eval()
-    with torch.no_grad():
-        torch.testing.assert_close(model.forward_patches(patches, a, boxes), plain.forward_patches(patches, a, boxes))
-        assert not torch.allclose(model.forward_patches(patches, a, boxes), model.forward_patches(patches, b, boxes))
-    with pytest.raises(ValueError, match="global_dropout must lie"):
-        _tiny(global_dropout=1.0)
-    with pytest.raises(ValueError, match="global_dropout needs use_global"):
-        _tiny(use_global=False, global_dropout=0.5)
-
-
-def test_gate_eps_moves_the_f2_gate_in_proportion_to_its_gradient():
-    """``gate_eps``: the optimiser every network trains with (:func:`tasks.common.training.make_optimizer`)
-    steps the F2 gate by ``lr * g / (|g| + eps)`` on its first step (Adam's, with that epsilon and no
-    weight decay), so a small gradient moves it in proportion to itself and a large one by about the
-    learning rate; every other parameter, and the gate of a network without ``gate_eps``, takes
-    Adam's normalised step of the learning rate whatever its gradient's size."""
-    from wsseg.tasks.common.training import TrainConfig, make_optimizer
-
-    cfg = TrainConfig(lr=0.01, weight_decay=0.0)
-    gl = dict(coarse_head=True, coarse_residual=True, coarse_backbone=True, residual_init="random",
-              global_weight=0.0, residual_weight=0.0, patch_first=True)
-
-    def first_step(model, g):
-        opt = make_optimizer(model, cfg)
-        for p in model.parameters():
-            p.grad = torch.full_like(p, g)
-        before = {n: p.detach().clone() for n, p in model.named_parameters()}
-        opt.step()
-        return {n: float((before[n] - p.detach()).flatten()[0]) for n, p in model.named_parameters()}
-
-    quiet, plain = _tiny(gate_eps=1.0, **gl), _tiny(**gl)
-    for g in (1e-3, 10.0):
-        moved, moved_plain = first_step(quiet, g), first_step(plain, g)
-        assert moved["global_gate"] == pytest.approx(cfg.lr * g / (g + 1.0), rel=1e-4)
-        assert moved_plain["global_gate"] == pytest.approx(cfg.lr, rel=1e-4)
-        assert moved["residual_weight"] == pytest.approx(cfg.lr, rel=1e-4)   # only F2's gate is quiet
-        assert moved["classifier.weight"] == pytest.approx(cfg.lr, rel=1e-4)
-    assert moved_plain.keys() == moved.keys()                                # the same parameters, all trained
-    with pytest.raises(ValueError, match="gate_eps needs the F2 gate"):
-        _tiny(gate_eps=1.0)
-    with pytest.raises(ValueError, match="gate_eps must be > 0"):
-        _tiny(global_weight=0.0, gate_eps=0.0)
 
 
 def test_coarse_detach_keeps_the_patch_loss_out_of_the_coarse_head():

@@ -461,8 +461,7 @@ def _schedule(opt: torch.optim.Optimizer, cfg: TrainConfig, steps: int):
 
 def make_optimizer(model: nn.Module, cfg: TrainConfig) -> torch.optim.Optimizer:
     """AdamW at ``cfg.lr`` and ``cfg.weight_decay`` over ``model.param_groups(cfg.lr)`` where the model
-    has them (a pretrained encoder learns slower than the layers new to it; a global-local network's
-    gate may step differently), else over all its parameters."""
+    has them (a pretrained encoder learns slower than the layers new to it), else over all its parameters."""
     params = model.param_groups(cfg.lr) if hasattr(model, "param_groups") else model.parameters()
     return torch.optim.AdamW(params, lr=cfg.lr, weight_decay=cfg.weight_decay)
 

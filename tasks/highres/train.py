@@ -57,14 +57,13 @@ _ROOT = Path(__file__).resolve().parents[2]  # the project (tasks/highres/train.
 class Variant:
     """One network of the benchmark: whether it takes the coarse image, how it labels an image
     (``"patches"``: patch by patch; ``"downsampled"``: the whole image resized to the patch size,
-    on which it is also trained), extra :class:`models.global_local.GlobalLocalNet` options and
-    the weight of the auxiliary loss on the coarse image (needs ``coarse_head``)."""
+    on which it is also trained), extra :class:`models.global_local.GlobalLocalNet` options, the
+    weight of the auxiliary loss on the coarse image (needs ``coarse_head``) and when to pick it."""
 
     use_global: bool
     mode: str = "patches"
     options: dict = field(default_factory=dict)
     coarse_loss: float = 0.0
-    coarse_targets: str = "hard"
     about: str = ""
 
     @property
@@ -72,79 +71,26 @@ class Variant:
         return self.mode == "downsampled"
 
 
-#: the options of every network whose coarse image is supervised (``global_local`` and its ablations):
-#: a backbone of its own for it, the coarse head's logits added to each patch's, the patch classifier
-#: at PyTorch's random start; each trained with a loss 1.0 x CE on the coarse image against its class fractions
-_SUPERVISED_COARSE = {"coarse_head": True, "coarse_residual": True, "coarse_backbone": True, "residual_init": "random"}
-
-
-def _supervised(about: str, **options) -> Variant:
-    """A network with :data:`_SUPERVISED_COARSE` and ``options``, trained with the soft coarse loss."""
-    return Variant(True, options={**_SUPERVISED_COARSE, **options}, coarse_loss=1.0, coarse_targets="soft",
-                   about=about)
-
-
-#: the benchmark's networks by name; ``DEFAULT_VARIANTS`` run unless ``variants`` says otherwise, the rest
-#: are the ablations of the global-local network: METHOD.md C as written (``gl_method_c``) and its
-#: branches, the coarse image's resolution, the global view's weight at the start, and where the coarse
-#: image's supervision enters (a loss, a residual of its logits, its own backbone, hard or soft targets)
+#: the benchmark's networks by name: the default ``global_local``, the two baselines it is compared with
+#: (``DEFAULT_VARIANTS`` run unless ``variants`` says otherwise) and METHOD.md C as written. The ablations
+#: that chose global_local's options (docs/benchmarks.md, "Method C: msrc21 upscaled and HRF") are in git.
 VARIANTS: dict[str, Variant] = {
-    "global_local": _supervised("METHOD.md C (F1, F2, pooling and spatial branches) with a backbone of its own for "
-                                "the coarse image, the coarse head's logits of each patch's region added to the "
-                                "patch's without a gradient back, and a loss 1.0 x CE on the coarse image against "
-                                "its class fractions (the coarse head's only teacher)", coarse_detach=True),
-    "gl_coarse_attached": _supervised("global_local until 2026-12-06: the patch loss also trains the coarse head "
-                                      "through the coarse logits added"),
-    "gl_gated": _supervised("gl_coarse_attached with F2 times a learnable scalar starting at 0 (the patch branch "
-                            "starts alone)", global_weight=0.0),
+    "global_local": Variant(
+        True, options={"coarse_head": True, "coarse_residual": True, "coarse_backbone": True,
+                       "residual_init": "random", "coarse_detach": True},
+        coarse_loss=1.0,
+        about="the default: METHOD.md C (F1, F2, pooling and spatial branches) with a backbone of its own for the "
+              "coarse image, the coarse head's logits of each patch's region added to the patch's without a "
+              "gradient back, and a loss 1.0 x CE on the coarse image against its class fractions (the coarse "
+              "head's only teacher); for a corpus whose classes a patch cannot tell apart without the rest of "
+              "the image"),
+    "patch_only": Variant(False, about="baseline: the same network on patches, without the coarse image (what the "
+                                       "coarse image adds)"),
+    "downsampled": Variant(False, "downsampled", about="baseline: the whole image resized to the patch size (what "
+                                                       "the scene alone gives)"),
     "gl_method_c": Variant(True, about="METHOD.md C as written: one backbone for patches and coarse image, F1, F2, "
-                                       "pooling branch (A1, A2), spatial branch (F4, F5), no coarse supervision"),
-    "patch_only": Variant(False, about="the same network on patches, without the coarse image"),
-    "downsampled": Variant(False, "downsampled", about="the whole image resized to the patch size"),
-    "gl_f2": Variant(True, options={"pooling": False, "spatial": False}, about="F1 and F2 only"),
-    "gl_f2_pool": Variant(True, options={"spatial": False}, about="F1, F2 + pooling branch"),
-    "gl_f2_spatial": Variant(True, options={"pooling": False}, about="F1, F2 + spatial branch"),
-    "gl_coarse2x": Variant(True, options={"coarse_size": "2p"}, about="coarse image of twice the patch side"),
-    "gl_residual_gate0": _supervised("gl_coarse_attached with the coarse logits times a learnable weight per class "
-                                     "starting at 0", residual_weight=0.0),
-    "gl_gates0_sup": _supervised("gl_coarse_attached with F2 and the coarse logits each times a learnable weight "
-                                 "starting at 0 (the patch branch starts alone; the coarse image learns on its own "
-                                 "loss)", global_weight=0.0, residual_weight=0.0),
-    "gl_patch_first": _supervised("gl_gates0_sup built patch first: it starts as patch_only itself (the same weights "
-                                  "from the same seed), F2's branches reduced on their own and added",
-                                  global_weight=0.0, residual_weight=0.0, patch_first=True),
-    "gl_patch_first_quiet_gate": _supervised("gl_patch_first whose F2 gate is stepped in proportion to its gradient "
-                                             "(Adam's epsilon 1 for it), so that it stays near 0 where F2 only adds "
-                                             "noise", global_weight=0.0, residual_weight=0.0, patch_first=True,
-                                             gate_eps=1.0),
-    "gl_gated_quiet": _supervised("gl_gated whose F2 gate is stepped in proportion to its gradient (Adam's epsilon 1 "
-                                  "for it): gl_coarse_attached's coarse logits, F2 only where it helps",
-                                  global_weight=0.0, gate_eps=1.0),
-    "gl_global_dropout": _supervised("gl_coarse_attached whose patches each lose their global view (F2 and the "
-                                     "coarse logits) with probability 0.5 in training, so that the patch path also "
-                                     "learns alone", global_dropout=0.5),
-    "gl_coarse2x_sup": _supervised("gl_coarse_attached with a coarse image of twice the patch side", coarse_size="2p"),
-    "gl_gate0": Variant(True, options={"global_weight": 0.0}, about="F2 times a learnable scalar starting at 0"),
-    "gl_gate1": Variant(True, options={"global_weight": 1.0}, about="F2 times a learnable scalar starting at 1"),
-    "gl_coarse_loss": Variant(True, options={"coarse_head": True}, coarse_loss=0.5,
-                              about="+ a classifier on the coarse features, loss 0.5 x CE on the coarse image"),
-    "gl_coarse_residual": Variant(True, options={"coarse_head": True, "coarse_residual": True}, coarse_loss=1.0,
-                                  about="+ the coarse head's logits of the patch's region added to the patch's; "
-                                        "loss 1.0 x CE on the coarse image"),
-    "gl_coarse_loss_soft": Variant(True, options={"coarse_head": True}, coarse_loss=0.5, coarse_targets="soft",
-                                   about="gl_coarse_loss against each coarse pixel's class fractions "
-                                         "(a vessel thinner than a coarse pixel keeps its share)"),
-    "gl_coarse_residual_soft": Variant(True, options={"coarse_head": True, "coarse_residual": True}, coarse_loss=1.0,
-                                       coarse_targets="soft", about="gl_coarse_residual against class fractions"),
-    "gl_two_backbones": Variant(True, options={"coarse_head": True, "coarse_residual": True, "coarse_backbone": True},
-                                coarse_loss=1.0, about="gl_coarse_residual with a backbone of its own for the "
-                                                       "coarse image"),
-    "gl_residual_e2e": Variant(True, options={"coarse_head": True, "coarse_residual": True},
-                               about="the coarse head's logits of the patch's region added to the patch's, the "
-                                     "coarse head trained only through the patch loss (no coarse loss)"),
-    "gl_coarse_residual_gate": Variant(True, options={"coarse_head": True, "coarse_residual": True,
-                                                      "residual_gate": True}, coarse_loss=1.0,
-                                       about="gl_coarse_residual with a learnt weight per class of the coarse logits"),
+                                       "pooling branch (A1, A2), spatial branch (F4, F5), no coarse supervision; "
+                                       "the reference for what global_local changes"),
 }
 DEFAULT_VARIANTS = ("global_local", "patch_only", "downsampled")
 
@@ -295,29 +241,23 @@ class PatchBatches(BatchSource):
     ``patch_size``, :func:`models.global_local.coarse_image`) and its box is its position in
     coarse pixels.  A batch is ``({"patches", "coarse", "boxes"}, target)`` (without coarse and
     boxes when ``use_global`` is False), for ``model.forward_patches(**x)``.  With
-    ``coarse_targets`` the target also holds, after the ``batch`` patch targets, each coarse
-    image's mask reduced to ``coarse_size`` (:func:`reduce_mask`), for an auxiliary loss.
+    ``coarse_targets`` the target also holds each coarse image's class fractions at ``coarse_size``
+    (:func:`reduce_fractions`; packed with the patches' by :func:`_pack_soft_targets`), for an
+    auxiliary loss.
     """
 
     def __init__(self, images: Sequence[np.ndarray], masks: Sequence[np.ndarray], *, patch_size: int, steps: int,
                  batch: int, seed: int, use_global: bool, balanced: float = 0.0, images_per_batch: int = 2,
-                 coarse_size: int | None = None, coarse_targets: bool | str = False, num_classes: int | None = None):
+                 coarse_size: int | None = None, coarse_targets: bool = False, num_classes: int | None = None):
         from wsseg.models.global_local import coarse_image
-        if coarse_targets not in (False, True, "hard", "soft"):
-            raise ValueError(f"coarse_targets must be False, 'hard' or 'soft', got {coarse_targets!r}")
-        if coarse_targets == "soft" and not num_classes:
-            raise ValueError("soft coarse targets need num_classes")
+        if coarse_targets and not num_classes:
+            raise ValueError("coarse targets (class fractions) need num_classes")
         self.images, self.masks, self.p, self.batch = images, masks, patch_size, batch
         self.steps_per_epoch, self.seed, self.balanced, self.images_per_batch = steps, seed, balanced, images_per_batch
         self.c = int(coarse_size or patch_size)
         self.coarse = [coarse_image(im, self.c) for im in images] if use_global else None
-        self.soft = coarse_targets == "soft"
-        if not (use_global and coarse_targets):
-            self.coarse_masks = None
-        elif self.soft:
-            self.coarse_masks = [reduce_fractions(m, (self.c, self.c), num_classes) for m in masks]
-        else:
-            self.coarse_masks = [reduce_mask(m, (self.c, self.c)) for m in masks]
+        self.coarse_masks = ([reduce_fractions(m, (self.c, self.c), num_classes) for m in masks]
+                             if use_global and coarse_targets else None)
         self.fg = [np.flatnonzero((m > 0) & (m != 255)).astype(np.int64) for m in masks] if balanced > 0 else None
 
     def batches(self, start_epoch: int, epochs: int):
@@ -360,21 +300,9 @@ class PatchBatches(BatchSource):
                 x["coarse"] = normalize(np.stack(coarses))
                 x["boxes"] = torch.tensor(boxes, dtype=torch.float32)
             y = torch.from_numpy(np.stack(targets).astype(np.int64))
-            if coarse_targets and self.soft:
+            if coarse_targets:
                 y = _pack_soft_targets(y, torch.from_numpy(np.ascontiguousarray(np.stack(coarse_targets))))
-            elif coarse_targets:
-                y = _pack_targets(y, torch.from_numpy(np.stack(coarse_targets).astype(np.int64)))
             yield x, y
-
-
-def _pack_targets(patch_targets, coarse_targets):
-    """One (N + B, max side, max side) target tensor, 255-padded, for a loss that splits it again."""
-    import torch
-    side = max(patch_targets.shape[-1], coarse_targets.shape[-1])
-    out = torch.full((len(patch_targets) + len(coarse_targets), side, side), 255, dtype=torch.int64)
-    out[:len(patch_targets), :patch_targets.shape[-2], :patch_targets.shape[-1]] = patch_targets
-    out[len(patch_targets):, :coarse_targets.shape[-2], :coarse_targets.shape[-1]] = coarse_targets
-    return out
 
 
 def _pack_soft_targets(patch_targets, coarse_fractions):
@@ -407,19 +335,9 @@ def _forward_patches(model, x: dict):
     return model.forward_patches(**x)
 
 
-def _loss_with_coarse(class_weights, weight: float, n_patches: int, p: int, c: int):
-    """Cross-entropy of the patches + ``weight`` x that of the coarse images (targets packed by
-    :func:`_pack_targets`); the network's output is ``(patch logits, coarse logits)`` packed the same way."""
-    from wsseg.tasks.common import training as tr
-    ce = tr.segmentation_loss(class_weights)
-
-    def loss(out, y):
-        return ce(out[:n_patches, :, :p, :p], y[:n_patches, :p, :p]) + \
-            weight * ce(out[n_patches:, :, :c, :c], y[n_patches:, :c, :c])
-    return loss
-
-
 def _forward_with_coarse(model, x: dict):
+    """The patch logits and the coarse head's logits of the coarse images, each padded to the larger side
+    and stacked (split again by :func:`_loss_with_soft_coarse`)."""
     import torch
     import torch.nn.functional as F
     logits, coarse_logits = model.forward_patches(**x, with_coarse=True)
@@ -432,7 +350,7 @@ def train_highres(images: Sequence[np.ndarray], masks: Sequence[np.ndarray], *, 
                   steps: int, batch: int = 4, lr: float = 2e-3, seed: int = 0, device: str = "cpu",
                   log: Callable[[dict], None] | None = None, balanced: float = 0.0,
                   class_weights: Sequence[float] | None = None, images_per_batch: int = 2,
-                  log_every: int = 10, coarse_loss: float = 0.0, coarse_targets: str = "hard"):
+                  log_every: int = 10, coarse_loss: float = 0.0):
     """Train a global-local network on random patches of annotated images (:class:`PatchBatches`)
     with :func:`tasks.common.training.fit`: cross-entropy ignoring 255 (a batch with no annotated pixel
     is skipped), AdamW with 5 % linear warm-up and cosine decay, ``steps`` steps.
@@ -465,12 +383,9 @@ def train_highres(images: Sequence[np.ndarray], masks: Sequence[np.ndarray], *, 
     images_per_batch : int
         Images the ``batch`` patches of a step are cut from (each with its coarse image).
     coarse_loss : float
-        Weight of an auxiliary cross-entropy on the coarse images (their masks reduced to the
-        coarse size); needs a model built with ``coarse_head=True``.
-    coarse_targets : {"hard", "soft"}
-        The coarse images' targets: the reduced masks (:func:`reduce_mask`, the class covering
-        most of each coarse pixel) or each coarse pixel's class fractions (:func:`reduce_fractions`,
-        loss :func:`soft_cross_entropy`).
+        Weight of an auxiliary cross-entropy on the coarse images against each coarse pixel's class
+        fractions (:func:`reduce_fractions`, loss :func:`soft_cross_entropy`); needs a model built with
+        ``coarse_head=True``.
 
     Returns
     -------
@@ -504,16 +419,13 @@ def train_highres(images: Sequence[np.ndarray], masks: Sequence[np.ndarray], *, 
     c = getattr(model, "coarse_size", patch_size)
     source = PatchBatches(images, masks, patch_size=patch_size, steps=steps, batch=batch, seed=seed,
                           use_global=model.use_global, balanced=balanced, images_per_batch=images_per_batch,
-                          coarse_size=c, coarse_targets=coarse_targets if coarse_loss else False,
-                          num_classes=model.num_classes)
+                          coarse_size=c, coarse_targets=bool(coarse_loss), num_classes=model.num_classes)
     cfg = tr.TrainConfig(epochs=1, batch_size=batch, lr=lr, weight_decay=1e-4, seed=seed, device=device,
                          patience=10 ** 9, schedule="warmup_cosine", skip_unlabelled=True,
                          class_weights=class_weights)
-    if coarse_loss and coarse_targets == "soft":
+    if coarse_loss:
         loss_fn = _loss_with_soft_coarse(class_weights, coarse_loss, batch, patch_size, c)
         forward = _forward_with_coarse
-    elif coarse_loss:
-        loss_fn, forward = _loss_with_coarse(class_weights, coarse_loss, batch, patch_size, c), _forward_with_coarse
     else:
         loss_fn, forward = tr.segmentation_loss(class_weights), _forward_patches
     losses: list[float] = []
@@ -657,12 +569,8 @@ def load_bench_data(data_dir: str | os.PathLike, split: str, *, train_n: int | N
 
 
 def variant_options(variant: Variant, options: dict) -> dict:
-    """The builder options of a variant: the benchmark's, updated by the variant's (``coarse_size``
-    ``"2p"``: twice the patch size)."""
-    extra = dict(variant.options)
-    if extra.get("coarse_size") == "2p":
-        extra["coarse_size"] = 2 * options["patch_size"]
-    return {**options, **extra}
+    """The builder options of a variant: the benchmark's, updated by the variant's."""
+    return {**options, **variant.options}
 
 
 def train_variant(name: str, data: BenchData, *, options: dict, steps: int, batch: int, lr: float, seed: int,
@@ -688,7 +596,6 @@ def train_variant(name: str, data: BenchData, *, options: dict, steps: int, batc
                                   batch=batch, lr=lr, seed=seed, device=device, balanced=balanced,
                                   class_weights=class_weights, log_every=max(1, steps // 5),
                                   images_per_batch=images_per_batch, coarse_loss=variant.coarse_loss,
-                                  coarse_targets=variant.coarse_targets,
                                   log=lambda d: log(f"  {name} step {d['step']}: loss {d['loss']:.4f} "
                                                     f"({d['seconds']} s)"))
     return model, opts, {f"{name}_train_seconds": round(time.perf_counter() - t, 1),
