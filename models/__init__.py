@@ -62,10 +62,14 @@ def builder(name: str) -> Callable[..., nn.Module]:
 
 
 def option_names(name: str) -> tuple[str, ...]:
-    """The options a registered builder takes (its keyword parameters beside num_classes and in_channels)."""
-    params = inspect.signature(builder(name)).parameters.values()
-    return tuple(p.name for p in params if p.name not in ("num_classes", "in_channels")
-                 and p.kind in (p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY))
+    """The options a registered builder takes (its keyword parameters beside num_classes and in_channels,
+    and those of the callable it passes ``**kwargs`` on to, named by its ``options_of``)."""
+    fn = builder(name)
+    params = list(inspect.signature(fn).parameters.values())
+    if getattr(fn, "options_of", None) is not None:
+        params += inspect.signature(fn.options_of).parameters.values()
+    return tuple(dict.fromkeys(p.name for p in params if p.name not in ("self", "num_classes", "in_channels")
+                               and p.kind in (p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY)))
 
 
 def check_options(name: str, options: dict, *, known: Sequence[str] | None = None,
@@ -74,9 +78,11 @@ def check_options(name: str, options: dict, *, known: Sequence[str] | None = Non
 
     ``known``: the names to accept instead of the builder's own (:func:`option_names`), for a
     caller that translates some options; ``refused``: names refused even by a builder that passes
-    its options on (global_local to GlobalLocalNet, which names the others itself)."""
+    its options on to a callable it does not name (no ``options_of``)."""
     known = option_names(name) if known is None else tuple(known)
-    if any(p.kind is p.VAR_KEYWORD for p in inspect.signature(builder(name)).parameters.values()):
+    fn = builder(name)
+    if (getattr(fn, "options_of", None) is None
+            and any(p.kind is p.VAR_KEYWORD for p in inspect.signature(fn).parameters.values())):
         unknown = sorted(set(options) & set(refused))
     else:
         unknown = sorted(set(options) - set(known))

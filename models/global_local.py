@@ -614,3 +614,6 @@ def global_local(num_classes: int, in_channels: int = 3, *, patch_size: int = 51
                  n_convs: int = 2, **kwargs) -> GlobalLocalNet:
     """Build a :class:`GlobalLocalNet` (registry name ``global_local``)."""
     return GlobalLocalNet(num_classes, in_channels, patch_size=patch_size, width=width, n_convs=n_convs, **kwargs)
+
+
+global_local.options_of = GlobalLocalNet  # its other options are GlobalLocalNet's (models.option_names)

@@ -171,6 +171,11 @@ def test_the_pretrained_option_is_the_users_and_weights_are_not():
             SegmentationConfig(model=name, options=opts)
         with pytest.raises(ValueError, match="takes no option"):
             build_network(name, 3, **opts)
+    # global_local passes its options on to GlobalLocalNet, whose parameters are its options: one that
+    # it no longer has (a variant's, removed) is named in one line, not a TypeError from deep inside
+    with pytest.raises(ValueError, match="model 'global_local' takes no option 'coarse_size'; its options: .*coarse_head"):
+        SegmentationConfig(model="global_local", options={"coarse_size": 256})
+    assert SegmentationConfig(model="global_local", options={"coarse_head": True}).options == {"coarse_head": True}
 
 
 def test_an_option_an_older_wsseg_did_not_record_is_no_change_while_it_keeps_its_default():

@@ -1,25 +1,21 @@
-"""The scale table of docs/large-corpora.md, computed from measured figures: store files, manifest
-size, tasks per stage, flow and worker memory, and one round's wall time on 2, 16 and 128 workers
-with the store on S3-compatible storage, at 10^5, 10^6 and 10^7 images.
+"""The 10^5 to 10^7 table of docs/large-corpora.md, computed from `wsseg bench scale`'s measurements
+at two corpus sizes: store files and bytes, memory of the flow, a worker and the scheduler, ingest,
+a round's shard stages on 2, 16 and 128 workers, the trainers and export.
 
-    python tools/scale_table.py --pipeline runs/bp/pipeline.json --object-store runs/s3.json \\
-        [--sizes 100000 1000000 10000000] [--gets-per-image 8] [--record-bytes 630] [--train-images N]
+    python tools/scale_table.py --scale runs/bs/scale.json [--object-store runs/s3.json] \\
+        [--sizes 100000 1000000 10000000] [--train-images 10000] [--rounds 3]
 
-``--pipeline``: `wsseg bench pipeline`'s JSON at two sizes (per-image core-ms of the CPU stages,
-parallel efficiency, peak memory, trainer seconds, files by part); ``--object-store``:
-`tools/bench_object_store.py --out`'s (ms per request on moto's server). Every line of the model
-is printed with the table. Memory: the larger measured size's peak plus what is held per image
-beyond it: in the flow, the manifest's records (``--record-bytes``, measured with tracemalloc),
-12 bytes a name of each pack group's index, 8 of an epoch's shuffled order and the rows handed to a
-stage's shard tasks (``--handed-bytes`` pickled, held by the Dask scheduler, which a local cluster
-runs in the command's process, while the tasks wait: a stage submits them all); in each worker,
-the records of its shard, which the flow hands each shard task (no task reads the manifest). Trainer time is a straight
-line through the two measured sizes, at the corpus's size or, with ``--train-images`` (the run's
-``train_images``), at the sample's. The CPU stages scale by the measured 2-worker efficiency (assumed to hold at 16 and 128
-workers, which nothing here measured), each image costs ``--gets-per-image`` object reads a round
-(the image in each of three stages, its feature-cache entry twice, its preliminary result, its
-previous labels) at the measured ranged-GET latency, serial within a single-threaded worker, and
-each shard task 0.2 s (docs/benchmarks.md#shard-task-cost).
+``--scale``: `wsseg bench scale --out`'s JSON with two sizes (its smallest and largest are used).
+Every figure that grows with the corpus is a straight line through the two measured sizes (memory
+that did not grow stays at the larger size's); the shard stages' CPU per image is the larger
+size's, over every round the benchmark ran, at the parallel efficiency its two workers reached
+(assumed to hold at 16 and 128 workers, which nothing here measured), plus 0.2 s a shard task
+(docs/benchmarks.md#shard-task-cost). The trainers learned from the benchmark's sample
+(``train_images`` of its ``--set``); their time per sampled image is carried to ``--train-images``
+(the default bound) in a straight line from zero, which is extrapolated. With ``--object-store``
+(`tools/bench_object_store.py --out`'s JSON), each image costs ``--gets-per-image`` ranged reads a
+round at the measured latency, serial within a single-threaded worker. Every line of the model is
+printed with the table, and each column says whether it is measured or extrapolated.
 """
 from __future__ import annotations
 
@@ -31,78 +27,122 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from wsseg.tasks.config import shard_size_for  # noqa: E402
+from wsseg.tasks.config import TRAIN_IMAGES, shard_size_for  # noqa: E402
 
-STAGES = ("features", "preliminary", "pseudo_labels")
-ROUNDS = 3  # the default round budget
-
-
-def line(x1: float, y1: float, x2: float, y2: float, x: float) -> float:
-    return y1 + (y2 - y1) * (x - x1) / (x2 - x1)
+STAGES = ("features", "preliminary", "pseudo_labels", "evaluate")
 
 
 def human_time(s: float) -> str:
     return f"{s / 3600:.1f} h" if s >= 3600 else f"{s / 60:.0f} min"
 
 
+def line(x1: float, y1: float, x2: float, y2: float, x: float) -> float:
+    return y1 + (y2 - y1) * (x - x1) / (x2 - x1)
+
+
+def grown(x1: float, y1: float, x2: float, y2: float, x: float) -> float:
+    """A straight line through two measurements, or the larger size's value where it did not grow."""
+    return line(x1, y1, x2, y2, x) if y2 > y1 else y2
+
+
+def _peak(size: dict, who: str) -> float:
+    vals = [(s.get("peak_rss_mb") or {}).get(who) for s in size["steps"].values()]
+    return max(v for v in vals if v is not None)
+
+
+def model(scale: dict) -> dict:
+    """The measured inputs of the table, read from bench scale's JSON."""
+    per = scale["per_size"]
+    n1, n2 = sorted(int(n) for n in per)[0], sorted(int(n) for n in per)[-1]
+    small, large = per[str(n1)], per[str(n2)]
+    workers = large["workers"]
+    train = large["steps"]["train"]
+    bd = train["breakdown"]
+    rounds = len(bd["rounds"])
+    core = sum(bd["totals"][s]["core_seconds"] for s in STAGES if s in bd["totals"])
+    wall = sum(e["wall_seconds"] or 0.0 for k, e in bd["stages"].items() if k.split(".", 1)[-1] in STAGES)
+    argv = train.get("argv") or []
+    sample = next((int(a.split("=", 1)[1]) for a in argv if a.startswith("train_images=")), None)
+    win = bd["windows"]
+    classifier = win["classifier"]["wall_seconds"]
+    per_round = sum(v["wall_seconds"] for k, v in win.items() if k.startswith("r")) / rounds
+    files = [(s["steps"]["rerun"]["store"]["files"], s["steps"]["rerun"]["store"]["bytes"]) for s in (small, large)]
+    return {
+        "sizes": (n1, n2), "workers": workers, "rounds": rounds, "train_sample": sample,
+        # the features are computed once a run, the other stages every round
+        "features_core_ms": bd["totals"]["features"]["core_ms_per_image"],
+        "round_core_ms": sum(bd["totals"][s]["core_ms_per_image"] for s in STAGES[1:] if s in bd["totals"]),
+        "stages_core_ms": {s: bd["totals"][s]["core_ms_per_image"] for s in STAGES if s in bd["totals"]},
+        "efficiency": core / (wall * workers) if wall else 1.0,
+        "classifier_s": classifier, "round_trainers_s": per_round,
+        "ingest_core_ms": large["steps"]["ingest"]["core_ms_per_image"],
+        "ingest_wall_ms": 1000.0 * large["steps"]["ingest"]["wall_seconds"] / n2,
+        "export_wall_ms": 1000.0 * large["steps"]["export"]["wall_seconds"] / n2,
+        "flow_mb": tuple(max(s["steps"][k]["peak_rss_mb"]["flow"] for k in ("train", "rerun")) for s in (small, large)),
+        "worker_mb": (_peak(small, "worker"), _peak(large, "worker")),
+        "scheduler_mb": (_peak(small, "scheduler"), _peak(large, "scheduler")),
+        "files": files, "status_s": max(s["steps"]["status"]["wall_seconds"] for s in (small, large)),
+    }
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--pipeline", required=True, help="`wsseg bench pipeline`'s JSON (two sizes)")
-    ap.add_argument("--object-store", required=True, help="`tools/bench_object_store.py --out`'s JSON")
+    ap.add_argument("--scale", required=True, help="`wsseg bench scale --out`'s JSON (two sizes)")
+    ap.add_argument("--object-store", default=None, help="`tools/bench_object_store.py --out`'s JSON: adds the "
+                    "object reads' latency to the shard stages (default: a local or shared filesystem)")
     ap.add_argument("--sizes", type=int, nargs="+", default=[10 ** 5, 10 ** 6, 10 ** 7], help="corpus sizes")
-    ap.add_argument("--gets-per-image", type=float, default=8, help="object reads per image and round (default 8)")
-    ap.add_argument("--record-bytes", type=float, default=630, help="bytes of one manifest record in memory "
-                    "(default 630, measured at 4000 images)")
-    ap.add_argument("--handed-bytes", type=float, default=198, help="bytes of one manifest row pickled as a "
-                    "shard task's argument (default 198, measured on bench pipeline's corpus)")
-    ap.add_argument("--train-images", type=int, default=None, help="train_images: the trainers learn from at "
-                    "most this many images (default: all)")
+    ap.add_argument("--gets-per-image", type=float, default=8, help="object reads per image and round with "
+                    "--object-store (default 8)")
+    ap.add_argument("--train-images", type=int, default=TRAIN_IMAGES, help=f"train_images, the trainers' bound "
+                    f"(default {TRAIN_IMAGES:,}, wsseg's)")
+    ap.add_argument("--rounds", type=int, default=3, help="rounds a run computes (default 3, max_rounds')")
     ap.add_argument("--shard-size", type=int, default=64, help="shard_size (default 64)")
     ap.add_argument("--max-shards", type=int, default=2000, help="max_shards (default 2000)")
     args = ap.parse_args(argv)
-    p = json.loads(Path(args.pipeline).read_text())
-    s3 = json.loads(Path(args.object_store).read_text())
-    n1, n2 = (int(n) for n in p["sizes"][:2])
-    core_ms = sum(p["stages"][s]["core_ms_per_image"] for s in STAGES)
-    eff = min(1.0, p["parallel_efficiency"])  # above 1 on 2 cores (the flow shared the one-worker run): not assumed
-    rss = p["peak_rss_mb"]
-    tr1, tr2 = (sum(v for v in p["trainer_seconds"][str(n)].values()) for n in (n1, n2))
-    listing = p["store_listing"][str(n2)]
-    corpus_per_image = listing["objects"].get("corpus", 0) / n2
-    manifest = Path(p["run_dir"]) / f"n{n2}" / "run" / "corpus" / "manifest.parquet"
-    manifest_per_row = manifest.stat().st_size / n2 if manifest.exists() else None
-    get_ms = s3["ranged_get_20kb_ms"]
-    slope = (rss[str(n2)]["flow"] - rss[str(n1)]["flow"]) / (n2 - n1) * 1024
-    print(f"measured: flow peak {rss[str(n1)]['flow']:.0f} -> {rss[str(n2)]['flow']:.0f} MB, {slope:.0f} KB an image "
-          f"between the sizes (a straight line would give {(rss[str(n2)]['flow'] + slope * (10 ** 6 - n2) / 1024) / 1024:.0f}"
-          f" GB at 10^6); workers {rss[str(n1)]['worker']:.0f} -> {rss[str(n2)]['worker']:.0f} MB")
-    print(f"model: CPU stages {core_ms:.0f} core-ms an image (features + preliminary + pseudo-labels, N = {n1}); "
-          f"parallel efficiency {eff:.2f} (1 -> 2 workers, assumed at 16 and 128); {args.gets_per_image:g} object "
-          f"reads an image a round at {get_ms:.1f} ms (moto); 0.2 s a shard task; trainers {tr1:.0f} s at {n1} "
-          f"and {tr2:.0f} s at {n2} images on the benchmark's budget, in the command's process"
-          f"{f', on at most {args.train_images:,} images (train_images)' if args.train_images else ''}; corpus "
-          f"{corpus_per_image:.2f} files an image; manifest {manifest_per_row or 0:.0f} bytes a row; packs 3 files "
-          f"a shard and group (cache 1, rounds 3 in round 0 and 2 after) plus 3 markers and tables a shard and round")
+    m = model(json.loads(Path(args.scale).read_text()))
+    n1, n2 = m["sizes"]
+    get_ms = json.loads(Path(args.object_store).read_text())["ranged_get_20kb_ms"] if args.object_store else 0.0
+    f1, f2 = m["flow_mb"]
+    (files1, bytes1), (files2, bytes2) = m["files"]
+    sample = m["train_sample"] or n2
+    print(f"measured (bench scale, N = {n1:,} and {n2:,}, {m['workers']} single-threaded workers, {m['rounds']} "
+          f"rounds): shard stages at N = {n2:,}, core-ms an image: features {m['features_core_ms']:.0f} once, then "
+          f"{m['round_core_ms']:.0f} a round ({', '.join(f'{k} {v:.0f}' for k, v in m['stages_core_ms'].items() if k != 'features')}); parallel efficiency {m['efficiency']:.2f} on {m['workers']} workers; ingest {m['ingest_core_ms']:.0f}"
+          f" core-ms an image; export {m['export_wall_ms']:.1f} ms an image; peak memory: flow {f1:.0f} -> {f2:.0f} "
+          f"MB, worker {m['worker_mb'][0]:.0f} -> {m['worker_mb'][1]:.0f} MB, scheduler {m['scheduler_mb'][0]:.0f} "
+          f"-> {m['scheduler_mb'][1]:.0f} MB; store after the rerun {files1:,} -> {files2:,} files, "
+          f"{bytes1 / 2 ** 30:.2f} -> {bytes2 / 2 ** 30:.2f} GB; trainers on a sample of {sample:,} images: "
+          f"classifier {m['classifier_s']:.0f} s, {m['round_trainers_s']:.0f} s a round; status at most "
+          f"{m['status_s']:.2f} s")
+    per_img_trainers = (m["classifier_s"] / args.rounds + m["round_trainers_s"]) / sample
+    print(f"extrapolated: straight lines through the two sizes; the shard stages at the measured efficiency on 16 and "
+          f"128 workers, 0.2 s a shard task{f', {args.gets_per_image:g} reads an image a round at {get_ms:.1f} ms' if get_ms else ''}; "
+          f"the trainers at {per_img_trainers:.2f} s a round per sampled image (the classifier's time spread over "
+          f"{args.rounds} rounds), on train_images = {args.train_images:,} images")
     print()
-    print("| images | shard size, tasks a stage | store files (one round) | manifest | flow / worker memory "
-          "| a round's CPU stages on 2 / 16 / 128 workers | trainers (one process) |")
-    print("|---|---|---|---|---|---|---|")
+    print("| images | shard size, tasks a stage | store files, GB (measured at "
+          f"{n1:,} and {n2:,}) | peak memory: flow / worker / scheduler | ingest on 2 / 16 / 128 workers "
+          f"| a round's shard stages on 2 / 16 / 128 workers (the features spread over {args.rounds} rounds) | trainers a round | export |")
+    print("|---|---|---|---|---|---|---|---|")
     for n in args.sizes:
         size = shard_size_for(n, args.shard_size, args.max_shards)
         shards = math.ceil(n / size)
-        files = corpus_per_image * n + (3 * shards + 1) * (1 + 3) + 3 * shards
-        names = 8 + 3 * ROUNDS  # feature-cache parts, and a preliminary result, label and CAM label a round
-        flow = (rss[str(n2)]["flow"] * 2 ** 20 + (n - n2) * (args.record_bytes + 12 * names + 8 + args.handed_bytes)) / 2 ** 30
-        worker = (rss[str(n2)]["worker"] * 2 ** 20 + size * args.record_bytes) / 2 ** 30
-        walls = []
+        files = line(n1, files1, n2, files2, n)
+        gb = line(n1, bytes1, n2, bytes2, n) / 2 ** 30
+        flow = grown(n1, f1, n2, f2, n) / 1024
+        worker = grown(n1, m["worker_mb"][0], n2, m["worker_mb"][1], n) / 1024
+        sched = grown(n1, m["scheduler_mb"][0], n2, m["scheduler_mb"][1], n) / 1024
+        ingest, stages = [], []
         for w in (2, 16, 128):
-            cpu = n * core_ms / 1000 / (w * eff)
+            ingest.append(human_time(n * m["ingest_core_ms"] / 1000 / (w * m["efficiency"]) + shards * 0.2 / w))
+            per_image = m["features_core_ms"] / args.rounds + m["round_core_ms"]  # the features spread over the rounds
+            cpu = n * per_image / 1000 / (w * m["efficiency"])
             io = n * args.gets_per_image * get_ms / 1000 / w
-            tasks = 3 * shards * 0.2 / w
-            walls.append(human_time(cpu + io + tasks))
-        trainers = line(n1, tr1, n2, tr2, min(n, args.train_images or n))
-        print(f"| {n:,} | {size}, {shards:,} | {files:,.0f} | {(manifest_per_row or 0) * n / 2 ** 20:,.0f} MB "
-              f"| {flow:,.1f} / {worker:,.1f} GB | {' / '.join(walls)} | {human_time(trainers)} |")
+            stages.append(human_time(cpu + io + len(STAGES) * shards * 0.2 / w))
+        trainers = per_img_trainers * min(n, args.train_images)
+        print(f"| {n:,} | {size}, {shards:,} | {files:,.0f}, {gb:,.0f} | {flow:.1f} / {worker:.1f} / {sched:.1f} GB "
+              f"| {' / '.join(ingest)} | {' / '.join(stages)} | {human_time(trainers)} "
+              f"| {human_time(n * m['export_wall_ms'] / 1000)} |")
     return 0
 
 
