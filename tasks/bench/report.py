@@ -6,8 +6,8 @@ made from the result files themselves, with the command, date and machine of eac
 the benchmark and this command again. One section per question, only for the kinds of result
 given:
 
-* labels on a corpus (``bench quality``), on a panel of corpora (``bench panel``), and the trainers' sample (quality results of the same
-  data and configuration but for ``train_images``);
+* labels on a corpus (``bench quality``), on a panel of corpora (``bench panel``), and the
+  trainers' sample (quality results of the same data and configuration but for ``train_images``);
 * ultra-high resolution (``bench highres``); pipeline cost (``bench pipeline``); scale
   (``bench scale``); training throughput (``bench train``); a person's corrections
   (``bench corrections``); the demo's rounds (its ``summary.json``).
