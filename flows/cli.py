@@ -7,7 +7,7 @@
   wsseg evaluate               mIoU of pseudo-labels or of a model against the masks
   wsseg segment IMAGE...       label new images with a trained model, any image size
   wsseg ui                     the Prefect and MLflow dashboards of a run directory, on 127.0.0.1
-  wsseg bench quality|train|highres|pipeline
+  wsseg bench quality|panel|train|highres|pipeline
                                benchmarks that print figures and write them as JSON
   wsseg bench report JSON...   today's figures as one markdown page, from the benchmarks' JSONs
 
@@ -22,9 +22,9 @@ import sys
 from pathlib import Path
 
 
-from wsseg.flows.cli_bench import (add_bench_quality_parser, add_bench_highres_parser, add_bench_train_parser,
-                             add_bench_pipeline_parser, add_bench_corrections_parser, add_bench_scale_parser,
-                             add_bench_report_parser)
+from wsseg.flows.cli_bench import (add_bench_quality_parser, add_bench_panel_parser, add_bench_highres_parser,
+                             add_bench_train_parser, add_bench_pipeline_parser, add_bench_corrections_parser,
+                             add_bench_scale_parser, add_bench_report_parser)
 from wsseg.flows.cli_common import (DEFAULT_RUN_DIR, version_text, common_args, storage_args, apply_storage_args,
                               config_args, build_config, DEMO_CONFIG, register_arg, reader_args, check_device,
                               refuse_discarding)
@@ -209,6 +209,7 @@ def parser() -> argparse.ArgumentParser:
     bench = sub.add_parser("bench", help="benchmarks that print and write figures").add_subparsers(
         dest="bench", required=True)
     add_bench_quality_parser(bench)
+    add_bench_panel_parser(bench)
     add_bench_train_parser(bench)
     add_bench_highres_parser(bench)
     add_bench_pipeline_parser(bench)
@@ -222,8 +223,8 @@ def parser() -> argparse.ArgumentParser:
 #: commands whose --run-dir may be an fsspec URL (the store on object storage)
 REMOTE_COMMANDS = ("ingest", "train", "refresh", "evaluate", "demo", "ui")
 #: commands that write a run directory: one at a time per directory (tasks.store.lock)
-WRITERS = ("demo", "ingest", "train", "refresh", "bench quality", "bench pipeline", "bench corrections", "bench train",
-           "bench scale")
+WRITERS = ("demo", "ingest", "train", "refresh", "bench quality", "bench panel", "bench pipeline", "bench corrections",
+           "bench train", "bench scale")
 #: commands without a --run-dir that keep their Prefect and MLflow state in their output folder: the
 #: same lock there (two at once broke the Prefect API's start or MLflow's database), and the option
 #: a second one is told to change

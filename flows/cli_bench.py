@@ -100,6 +100,78 @@ def cmd_bench_quality(args) -> int:
     return 0
 
 
+# ---------------------------------------------------------------------------- bench panel
+def add_bench_panel_parser(bench) -> argparse.ArgumentParser:
+    """Register ``wsseg bench panel`` (:func:`flows.bench_panel.run_panel`)."""
+    p = bench.add_parser(
+        "panel", help="`bench quality` on each corpus of a panel folder (tools/make_panel.py): one table, the "
+                      "one-class means and the targets",
+        description="Run `wsseg bench quality` on each corpus folder of --panel (built by `python "
+                    "tools/make_panel.py ../shared/data PANEL`), one after the other on one Dask cluster, each in "
+                    "RUN_DIR/NAME, with the same options; print one table (per corpus: images, ours, CAM, CAM + "
+                    "dense CRF, box GrabCut: the object class's IoU on a one-class corpus, the mIoU otherwise; "
+                    "then the means over the one-class corpora) and the panel's targets, judged. Writes --out "
+                    "(JSON, and the table as .md beside it) and each corpus's bench quality result as "
+                    "OUT_STEM/NAME.json (.md, .png). A corpus that fails is reported and the others still run.")
+    p.add_argument("--panel", required=True, type=Path,
+                   help="panel folder: one corpus folder (the layout of `wsseg ingest`) per corpus")
+    p.add_argument("--corpora", default=None, metavar="A,B,...",
+                   help="comma-separated corpora of the panel to run, in this order (default: every corpus "
+                        "folder of the panel, in the order of its panel.json, then by name)")
+    p.add_argument("--out", type=Path, default=None,
+                   help="panel result JSON (default: RUN_DIR/panel.json); the table as .md beside it, each corpus's "
+                        "result in OUT_STEM/NAME.json")
+    p.add_argument("--eval-split", default="val",
+                   help="split the models are evaluated on, in every corpus (default val; bench quality's rule "
+                        "where a corpus has no masked image in it)")
+    common_args(p, "runs/bench-panel")
+    config_args(p)
+    p.add_argument("--json", action="store_true", help="print the result as one JSON object (for scripts)")
+    p.set_defaults(func=cmd_bench_panel)
+    return p
+
+
+def panel_quality_argv(args) -> list[str]:
+    """The options of ``wsseg bench panel`` that each corpus's ``wsseg bench quality`` shares, as
+    typed (the per-corpus provenance: the command that gives that corpus's figures alone)."""
+    out = ["--eval-split", args.eval_split, "--workers", str(args.workers)]
+    out += ["--dask-address", args.dask_address] if args.dask_address else []
+    out += [x for item in args.overrides for x in ("--set", item)]
+    for flag, value in (("--config", args.config), ("--rounds", args.rounds), ("--network", args.network),
+                        ("--device", args.device)):
+        if value is not None:
+            out += [flag, str(value)]
+    if args.backbone_weights:
+        out += ["--backbone-weights", *args.backbone_weights]
+    return out
+
+
+def cmd_bench_panel(args) -> int:
+    from wsseg.flows.bench_panel import check_panel, run_panel
+    from wsseg.flows.runtime import dask_cluster
+    from wsseg.tasks.bench.ablation import check_overrides
+    from wsseg.tasks.bench.panel import markdown
+    from wsseg.tasks.config import WSSSConfig
+
+    check_overrides(args.overrides)
+    config = build_config(args, {})  # the defaults and the options, as bench quality's
+    names = [c.strip() for c in args.corpora.split(",") if c.strip()] if args.corpora else None
+    check_panel(args.panel, names)  # before the cluster starts: a missing or broken corpus is one line
+    run = Path(args.run_dir).resolve()
+    out = (Path(args.out) if args.out else run / "panel.json").resolve()
+    if out.suffix != ".json":
+        raise ValueError(f"--out must name a .json file, got {out}")
+    at_defaults = config.model_dump(exclude={"device"}) == WSSSConfig().model_dump(exclude={"device"})
+    run.mkdir(parents=True, exist_ok=True)
+    started = provenance(command_argv(args))
+    with dask_cluster(args.dask_address, args.workers, run) as address:
+        res = run_panel(args.panel, names, run, out, config, panel_quality_argv(args), eval_split=args.eval_split,
+                        dask_address=address, at_defaults=at_defaults)
+    res["provenance"] = stamp(out, started, indent=1)
+    print_result(args, res, markdown(res), out)
+    return 1 if res["failed"] else 0
+
+
 def cmd_bench_highres(args) -> int:
     from wsseg.flows.runtime import prefect_api, prepare
 
@@ -479,7 +551,7 @@ def add_bench_report_parser(bench) -> argparse.ArgumentParser:
     """Register ``wsseg bench report`` (:mod:`tasks.bench.report`)."""
     p = bench.add_parser(
         "report", help="today's figures as one markdown page, a table per question, from the benchmarks' JSONs",
-        description="Read the result JSONs of `wsseg bench quality`, `highres`, `pipeline`, `scale`, `train`, "
+        description="Read the result JSONs of `wsseg bench quality`, `panel`, `highres`, `pipeline`, `scale`, `train`, "
                     "`corrections` and the summary.json of `wsseg demo` (each recognised by its keys) and write "
                     "one markdown page: per question a heading, a table of the figures and under it the command "
                     "that produced them, its date and machine (\"not recorded\" for a JSON written before wsseg "

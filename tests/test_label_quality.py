@@ -16,16 +16,17 @@ from tests.conftest import load_tool
 
 ROOT = Path(__file__).resolve().parents[1]
 SAMPLE = ROOT / "flows" / "sample" / "msrc21"
-ANIMALS = "bird,sheep,dog,cat,cow"
 
 
 def _tool():
-    return load_tool("make_one_class")
+    return load_tool("make_panel")
 
 
 def one_class_corpus(dst: Path, n: int) -> Path:
-    """The sample's photos of animals, tagged ``animal`` only (other classes: background), first ``n``."""
-    _tool().build(SAMPLE, ANIMALS.split(","), "animal", dst)
+    """The sample's photos of animals, tagged ``animal`` only (other classes: background), first ``n``
+    (the panel's ``animals`` corpus, every image in the sample's one split, train)."""
+    tool = _tool()
+    tool.build(SAMPLE, tool.PANEL["animals"], dst, val_share=0)
     lines = (dst / "labels.csv").read_text().splitlines()
     keep = lines[1:n + 1]
     for line in lines[n + 1:]:

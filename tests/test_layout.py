@@ -92,7 +92,7 @@ TOOLS_RUN_BY = {
     "gpu_check.py": "docs/benchmarks.md",
     "import_graph.py": "tests/test_layout.py",
     "label_areas.py": "tests/test_label_quality.py",
-    "make_one_class.py": "tests/test_label_quality.py",
+    "make_panel.py": "tests/test_panel.py",
     "make_sample.py": "tests/test_layout.py",
     "msrc_highres.py": "tests/test_highres.py",
     "scale_table.py": "docs/large-corpora.md",

@@ -6,8 +6,8 @@ made from the result files themselves, with the command, date and machine of eac
 the benchmark and this command again. One section per question, only for the kinds of result
 given:
 
-* labels on a corpus (``bench quality``), and the trainers' sample (quality results of the same
-  data and configuration but for ``train_images``);
+* labels on a corpus (``bench quality``), on a panel of corpora (``bench panel``), and the
+  trainers' sample (quality results of the same data and configuration but for ``train_images``);
 * ultra-high resolution (``bench highres``); pipeline cost (``bench pipeline``); scale
   (``bench scale``); training throughput (``bench train``); a person's corrections
   (``bench corrections``); the demo's rounds (its ``summary.json``).
@@ -30,6 +30,7 @@ __all__ = ["Result", "kind_of", "read_result", "collect", "render", "KINDS"]
 #: the benchmarks' result kinds, in the page's order: kind -> (the command, its section's heading)
 KINDS = {
     "quality": ("wsseg bench quality", "Labels on a corpus"),
+    "panel": ("wsseg bench panel", "Labels on the panel"),
     "highres": ("wsseg bench highres", "Ultra-high resolution"),
     "pipeline": ("wsseg bench pipeline", "Pipeline cost"),
     "scale": ("wsseg bench scale", "Scale"),
@@ -38,10 +39,12 @@ KINDS = {
     "demo": ("wsseg demo", "The demo"),
 }
 #: the keys each kind's JSON always has (the result dicts of tasks.bench.quality.quality_result,
+#: tasks.bench.panel.panel_result (with flows.bench_panel.run_panel's ``panel``),
 #: flows.highres.bench_highres, flows.bench_pipeline.result, flows.bench_scale.bench_scale,
 #: tasks.bench.train.run_bench, flows.bench_corrections and flows.wsss.train_wsss's summary)
 SIGNATURES = {
     "quality": {"baselines", "rounds", "pseudo_label_miou", "wsss_model_miou", "supervised_model_miou", "config"},
+    "panel": {"panel", "corpora", "one_class_mean", "targets"},
     "pipeline": {"stages", "sizes", "dcrf_core_ms_per_image", "ours_over_dcrf", "targets"},
     "scale": {"per_size", "sizes", "ratios", "targets"},
     "highres": {"train_ids", "eval_ids", "patch_size", "scale", "steps", "wall_seconds"},
@@ -268,6 +271,18 @@ def quality_section(results: list[Result]) -> list[str]:
     return lines + [x for r in sorted(results, key=lambda r: r.shown) for x in provenance_lines(r)]
 
 
+def panel_section(results: list[Result]) -> list[str]:
+    """Per panel result: its table (a row per corpus, the one-class means) and its targets, judged
+    (:func:`tasks.bench.panel.markdown`)."""
+    from wsseg.tasks.bench.panel import markdown
+
+    lines: list[str] = []
+    for r in sorted(results, key=lambda r: (_name(r, "panel"), r.shown)):
+        lines += [f"### {_cell(_name(r, 'panel'))}", "", *markdown(r.data).rstrip("\n").split("\n"), ""]
+        lines += provenance_lines(r) + [""]
+    return lines[:-1]
+
+
 def _share_groups(results: list[Result]) -> list[list[Result]]:
     """Quality results of the same data, eval split and configuration but for ``train_images``,
     in groups of at least two trainers' samples."""
@@ -457,6 +472,7 @@ def demo_section(results: list[Result]) -> list[str]:
 #: kind -> (heading, what the section answers, the function that writes it)
 SECTIONS: dict[str, tuple[str, Callable[[list[Result]], list[str]]]] = {
     "quality": ("How good are the labels on a corpus?", quality_section),
+    "panel": ("How good are the labels on the panel of corpora?", panel_section),
     "share": ("What does the trainers' sample cost?", share_section),
     "highres": ("Ultra-high resolution: global-local against patches and a downsampled image", highres_section),
     "pipeline": ("What does a round cost, per image and stage?", pipeline_section),
