@@ -6,8 +6,10 @@ a round's shard stages on 2, 16 and 128 workers, the trainers and export.
         [--sizes 100000 1000000 10000000] [--train-images 10000] [--rounds 3]
 
 ``--scale``: `wsseg bench scale --out`'s JSON with two sizes (its smallest and largest are used).
-Every figure that grows with the corpus is a straight line through the two measured sizes (memory
-that did not grow stays at the larger size's); the shard stages' CPU per image is the larger
+Every figure that grows is a straight line through the two measured sizes (one that did not grow
+stays at the larger size's): by shard (tasks a stage, at most ``max_shards``) for the store's files
+and the scheduler, whose growth follows the packs and the task states; by image for the bytes and
+the flow; both for a worker, whose growth between the sizes is not explained; the shard stages' CPU per image is the larger
 size's, over every round the benchmark ran, at the parallel efficiency its two workers reached
 (assumed to hold at 16 and 128 workers, which nothing here measured), plus 0.2 s a shard task
 (docs/benchmarks.md#shard-task-cost). The trainers learned from the benchmark's sample
@@ -81,6 +83,7 @@ def model(scale: dict) -> dict:
         "flow_mb": tuple(max(s["steps"][k]["peak_rss_mb"]["flow"] for k in ("train", "rerun")) for s in (small, large)),
         "worker_mb": (_peak(small, "worker"), _peak(large, "worker")),
         "scheduler_mb": (_peak(small, "scheduler"), _peak(large, "scheduler")),
+        "shards": tuple(s["steps"]["train"]["breakdown"]["stages"]["features"]["tasks"] for s in (small, large)),
         "files": files, "status_s": max(s["steps"]["status"]["wall_seconds"] for s in (small, large)),
     }
 
@@ -120,18 +123,20 @@ def main(argv=None) -> int:
           f"the trainers at {per_img_trainers:.2f} s a round per sampled image (the classifier's time spread over "
           f"{args.rounds} rounds), on train_images = {args.train_images:,} images")
     print()
-    print("| images | shard size, tasks a stage | store files, GB (measured at "
+    print("| images | shard size, tasks a stage | store files (by shard), GB (by image; measured at "
           f"{n1:,} and {n2:,}) | peak memory: flow / worker / scheduler | ingest on 2 / 16 / 128 workers "
           f"| a round's shard stages on 2 / 16 / 128 workers (the features spread over {args.rounds} rounds) | trainers a round | export |")
     print("|---|---|---|---|---|---|---|---|")
     for n in args.sizes:
         size = shard_size_for(n, args.shard_size, args.max_shards)
         shards = math.ceil(n / size)
-        files = line(n1, files1, n2, files2, n)
+        s1, s2 = m["shards"]
+        files = line(s1, files1, s2, files2, shards)  # packs, indexes and markers: by shard
         gb = line(n1, bytes1, n2, bytes2, n) / 2 ** 30
         flow = grown(n1, f1, n2, f2, n) / 1024
-        worker = grown(n1, m["worker_mb"][0], n2, m["worker_mb"][1], n) / 1024
-        sched = grown(n1, m["scheduler_mb"][0], n2, m["scheduler_mb"][1], n) / 1024
+        worker_n = grown(n1, m["worker_mb"][0], n2, m["worker_mb"][1], n) / 1024
+        worker_s = grown(s1, m["worker_mb"][0], s2, m["worker_mb"][1], shards) / 1024
+        sched = grown(s1, m["scheduler_mb"][0], s2, m["scheduler_mb"][1], shards) / 1024  # task states: by task
         ingest, stages = [], []
         for w in (2, 16, 128):
             ingest.append(human_time(n * m["ingest_core_ms"] / 1000 / (w * m["efficiency"]) + shards * 0.2 / w))
@@ -140,7 +145,7 @@ def main(argv=None) -> int:
             io = n * args.gets_per_image * get_ms / 1000 / w
             stages.append(human_time(cpu + io + len(STAGES) * shards * 0.2 / w))
         trainers = per_img_trainers * min(n, args.train_images)
-        print(f"| {n:,} | {size}, {shards:,} | {files:,.0f}, {gb:,.0f} | {flow:.1f} / {worker:.1f} / {sched:.1f} GB "
+        print(f"| {n:,} | {size}, {shards:,} | {files:,.0f}, {gb:,.0f} | {flow:.1f} / {worker_s:.1f} (by shard) or {worker_n:.1f} (by image) / {sched:.1f} GB "
               f"| {' / '.join(ingest)} | {' / '.join(stages)} | {human_time(trainers)} "
               f"| {human_time(n * m['export_wall_ms'] / 1000)} |")
     return 0
