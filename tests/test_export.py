@@ -113,3 +113,33 @@ def test_refusals_are_one_line_and_write_nothing(tmp_path, tiny_run):
     # no such run directory: refused, and none is created
     res = _wsseg("--run-dir", str(tmp_path / "nowhere"), "--out", str(tmp_path / "c"))
     assert res.returncode == 2 and not (tmp_path / "nowhere").exists()
+
+
+def test_export_streams_the_manifest_and_counts_images_without_labels(tmp_path, tiny_run, monkeypatch):
+    """An export reads the manifest a batch at a time (its memory does not grow with the corpus):
+    the whole-manifest read refuses here, and the exports still hold every labelled image, the
+    review queue's too; images a round did not label are counted by split, not listed."""
+    from wsseg.tasks.labels.export import export_labels
+    from wsseg.tasks.labels.review import review_table
+    from wsseg.tasks.store import Store
+
+    store = Store(tiny_run)
+    final = store.read_summary()["final_round"]
+    labels = _stored(tiny_run, final)
+    splits = {rec.image_id: rec.split or "train" for rec in store.manifest()}
+
+    def whole(self, split=None):
+        raise AssertionError("export read the whole manifest")
+
+    monkeypatch.setattr(Store, "manifest", whole)
+    res = export_labels(Store(tiny_run), tmp_path / "voc", images=False)
+    voc = tmp_path / "voc" / "VOCdevkit" / "VOC2012" / "ImageSets" / "Segmentation"
+    assert res["images"] == len(labels) and res["images_without_labels"] == len(splits) - len(labels)
+    assert sorted((voc / "trainval.txt").read_text().split()) == sorted(labels)
+    for split, n in res["splits"].items():
+        ids = (voc / f"{split}.txt").read_text().split()
+        assert len(ids) == n and {splits[i] for i in ids} == {split}
+    res = export_labels(Store(tiny_run), tmp_path / "top", fmt="coco", images=False, review=2)
+    queue = [x["image_id"] for x in review_table(Store(tiny_run), final, top=2, measure=False)["rows"]]
+    coco = json.loads((tmp_path / "top" / "labels.json").read_text())
+    assert [im["wsseg_image_id"] for im in coco["images"]] == queue

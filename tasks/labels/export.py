@@ -19,21 +19,24 @@
   the document root (:mod:`tasks.labels.labelstudio`, whose ``read_export`` reads
   a project's JSON export back).
 
-All stream: one image's labels are held at a time, the COCO file's images and annotations are
-written to two scratch files and joined at the end, Label Studio's tasks are written one a line,
-so memory does not grow with the corpus.
+All stream: the manifest is read a Parquet batch at a time, one image's labels are held at a
+time, the VOC split lists are written as the images are, the COCO file's images and annotations
+are written to two scratch files and joined at the end, Label Studio's tasks are written one a
+line, so memory does not grow with the corpus (``--review N`` holds the queue's N records).
 Every export names the round and the run's configuration digest (``export.json``, and the
 COCO file's ``info``). It is written to ``OUT.partial`` and renamed to ``OUT`` when complete:
 an export cut short is never taken for a whole one.
 """
 from __future__ import annotations
 
+import contextlib
 import datetime
 import json
 import os
 import shutil
+from collections import Counter
 from pathlib import Path
-from typing import Callable, Iterator
+from typing import IO, Callable, Iterable, Iterator
 
 import numpy as np
 
@@ -85,45 +88,52 @@ def config_digest(store: Store) -> str | None:
     return params_key(config) if config is not None else None
 
 
-def _labels(store: Store, r: int, records: list[ImageRecord], missing: list[ImageRecord],
+def _labels(store: Store, r: int, records: Iterable[ImageRecord], missing: Counter,
             advance: Callable[[], None]) -> Iterator[tuple[ImageRecord, np.ndarray]]:
     """Round ``r``'s label map of each of ``records`` that has one (each read once); those without
-    are appended to ``missing`` (the rounds label the tagged split only). ``advance`` after each
-    record, once it is written."""
+    are counted in ``missing`` by split (the rounds label the tagged split only). ``advance`` after
+    each record, once it is written. ``records`` may be the manifest streamed: nothing is kept
+    per image."""
     for rec in records:
         label = store.pseudo(r, rec.image_id)
         if label is None:
-            missing.append(rec)
+            missing[rec.split] += 1
         else:
             yield rec, label
         advance()
 
 
-def _write_voc(store: Store, r: int, records: list[ImageRecord], missing: list[ImageRecord], dest: Path,
+def _write_voc(store: Store, r: int, records: Iterable[ImageRecord], missing: Counter, dest: Path,
                images: bool, advance: Callable[[], None]) -> dict:
     voc = dest / VOC_DIR
+    sets = voc / "ImageSets" / "Segmentation"
     (voc / "SegmentationClass").mkdir(parents=True)
-    (voc / "ImageSets" / "Segmentation").mkdir(parents=True)
+    sets.mkdir(parents=True)
     if images:
         (voc / "JPEGImages").mkdir()
     classes = store.classes()
     pal = palette(max(3, classes.n))  # the VOC colour map (index 255: VOC's void colour)
-    splits: dict[str, list[str]] = {}
-    for rec, label in _labels(store, r, records, missing, advance):
-        write_palette_png(voc / "SegmentationClass" / f"{rec.image_id}.png", label.shape[0], label.shape[1],
-                          [label], pal)
-        if images:
-            write_jpeg(voc / "JPEGImages" / f"{rec.image_id}.jpg", store.image(rec.image_id))
-        splits.setdefault(rec.split or "train", []).append(rec.image_id)
-    for split, ids in splits.items():
-        (voc / "ImageSets" / "Segmentation" / f"{split}.txt").write_text("".join(f"{i}\n" for i in ids))
-    (voc / "ImageSets" / "Segmentation" / "trainval.txt").write_text("".join(f"{i}\n" for ids in splits.values()
-                                                                                 for i in ids))
+    splits: dict[str, int] = {}  # images a split's list holds, the splits in the order first met
+    with contextlib.ExitStack() as stack:  # each split's list written as the images are: nothing held per image
+        lists: dict[str, IO[str]] = {}
+        for rec, label in _labels(store, r, records, missing, advance):
+            write_palette_png(voc / "SegmentationClass" / f"{rec.image_id}.png", label.shape[0], label.shape[1],
+                              [label], pal)
+            if images:
+                write_jpeg(voc / "JPEGImages" / f"{rec.image_id}.jpg", store.image(rec.image_id))
+            split = rec.split or "train"
+            if split not in lists:
+                lists[split] = stack.enter_context(open(sets / f"{split}.txt", "w"))
+            lists[split].write(f"{rec.image_id}\n")
+            splits[split] = splits.get(split, 0) + 1
+    with open(sets / "trainval.txt", "wb") as trainval:  # the split lists one after another
+        for split in splits:
+            with open(sets / f"{split}.txt", "rb") as f:
+                shutil.copyfileobj(f, trainval)
     (voc / "classes.txt").write_text("".join(f"{n}\n" for n in classes.names))
     (voc / "palette.json").write_text(json.dumps(
         {n: pal[3 * i: 3 * i + 3] for i, n in enumerate(classes.names)} | {"ignore (255)": pal[765:768]}, indent=1))
-    return {"layout": str(VOC_DIR), "images": sum(map(len, splits.values())),
-            "splits": {k: len(v) for k, v in splits.items()}}
+    return {"layout": str(VOC_DIR), "images": sum(splits.values()), "splits": splits}
 
 
 def _rle(mask: np.ndarray) -> dict:
@@ -136,7 +146,7 @@ def _rle(mask: np.ndarray) -> dict:
             "area": area, "bbox": box}
 
 
-def _write_coco(store: Store, r: int, records: list[ImageRecord], missing: list[ImageRecord], dest: Path,
+def _write_coco(store: Store, r: int, records: Iterable[ImageRecord], missing: Counter, dest: Path,
                 images: bool, info: dict, advance: Callable[[], None]) -> dict:
     classes = store.classes()
     if images:
@@ -172,7 +182,7 @@ def _write_coco(store: Store, r: int, records: list[ImageRecord], missing: list[
     return {"file": "labels.json", "images": k, "annotations": n_ann, "categories": len(categories)}
 
 
-def _write_labelstudio(store: Store, r: int, records: list[ImageRecord], missing: list[ImageRecord], dest: Path,
+def _write_labelstudio(store: Store, r: int, records: Iterable[ImageRecord], missing: Counter, dest: Path,
                       images: bool, info: dict, advance: Callable[[], None]) -> dict:
     from wsseg.tasks.labels.labelstudio import HOW_TO_OPEN, label_colours, write_tasks
 
@@ -206,14 +216,17 @@ def export_labels(store: Store, out: str | os.PathLike, *, which: str | int = "f
             raise ExportError(f"{out}: exists and is not an earlier export; give an empty or new folder")
         if not force:
             raise ExportError(f"{out}: holds an earlier export; --force replaces it")
-    records, missing = store.manifest(), []
+    # the manifest streamed, a Parquet batch at a time: an export's memory does not grow with the corpus
+    records: Iterable[ImageRecord] = store.split_rows(None)
+    missing: Counter = Counter()  # images without labels, by split
     if review is not None:
         from wsseg.tasks.labels.review import review_table
 
         if review < 1:
             raise ExportError(f"--review {review}: give how many of the review queue's top images to export (1 or more)")
         queue = [x["image_id"] for x in review_table(store, r, top=review, measure=False)["rows"]]
-        by_id = {rec.image_id: rec for rec in records}
+        wanted = set(queue)
+        by_id = {rec.image_id: rec for rec in store.manifest_records() if rec.image_id in wanted}
         records = [by_id[i] for i in queue if i in by_id]
     digest = config_digest(store)
     info = {"description": f"wsseg pseudo-labels of round {r}" + (f", the review queue's top {review}"
@@ -246,7 +259,7 @@ def export_labels(store: Store, out: str | os.PathLike, *, which: str | int = "f
             prog.advance(seen % step)
         if not written["images"]:
             raise ExportError(f"{store.root}: round {r} has labels of no image")
-        result = info | {"images_without_labels": len(missing), "classes": list(store.classes().names),
+        result = info | {"images_without_labels": sum(missing.values()), "classes": list(store.classes().names),
                          "with_images": images, **written}
         (partial / "export.json").write_text(json.dumps(result, indent=1))
         if out.exists():
@@ -255,4 +268,4 @@ def export_labels(store: Store, out: str | os.PathLike, *, which: str | int = "f
     except BaseException:
         shutil.rmtree(partial, ignore_errors=True)
         raise
-    return result | {"out": str(out), "missing_splits": sorted({m.split for m in missing})}
+    return result | {"out": str(out), "missing_splits": sorted(missing)}
