@@ -47,6 +47,7 @@ import sys
 import time
 from pathlib import Path
 
+from wsseg.flows.runtime import DASK_ENVIRON
 from wsseg.tasks.bench import pipeline as tb
 from wsseg.tasks.bench import scale as ts
 from wsseg.tasks.store import Store, files
@@ -83,7 +84,8 @@ class Cluster:
         from distributed import Client
 
         self.folder.mkdir(parents=True, exist_ok=True)
-        env = dict(os.environ, PREFECT_HOME=str(self.folder / "prefect"))
+        # started as docs/large-corpora.md#existing-dask-cluster says: keeping no debugging log of messages
+        env = dict(os.environ, PREFECT_HOME=str(self.folder / "prefect")) | DASK_ENVIRON
         env.pop("PREFECT_API_URL", None)
         self.address = f"tcp://127.0.0.1:{_free_port()}"
         self.log = open(self.folder / "cluster.log", "w")

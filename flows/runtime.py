@@ -145,6 +145,18 @@ def _drain_prefect_services(timeout: float = 30.0) -> None:
             pass
 
 
+#: How many of its recent messages a Dask process keeps for debugging
+#: (``distributed.admin.low-level-log-length``, 1000 by default). A scheduler keeps them per worker
+#: stream, and each shard task's message carries the task's arguments (its shard's rows) and the
+#: flow run's context: the scheduler held every task's arguments up to about 500 tasks a worker
+#: (`wsseg bench scale`, 2 x 10^4 images: 944 of 938 tasks' messages; with 128 workers that is
+#: every task of a run's first stages). wsseg's own clusters keep none; an existing cluster's
+#: scheduler is started with :data:`DASK_ENVIRON` (docs/large-corpora.md#existing-dask-cluster).
+DASK_LOG_LENGTH = 0
+#: the environment variable that sets :data:`DASK_LOG_LENGTH` in a ``dask scheduler`` or ``dask worker``
+DASK_ENVIRON = {"DASK_DISTRIBUTED__ADMIN__LOW_LEVEL_LOG_LENGTH": str(DASK_LOG_LENGTH)}
+
+
 @contextlib.contextmanager
 def dask_cluster(address: str | None, n_workers: int, run_dir: Path) -> Iterator[str]:
     """The scheduler address to run shard tasks on: ``address`` if given (an existing cluster,
@@ -161,7 +173,8 @@ def dask_cluster(address: str | None, n_workers: int, run_dir: Path) -> Iterator
         import dask
         from distributed import LocalCluster
 
-        with dask.config.set({"distributed.nanny.pre-spawn-environ": worker_environ()}), \
+        with dask.config.set({"distributed.nanny.pre-spawn-environ": worker_environ(),
+                              "distributed.admin.low-level-log-length": DASK_LOG_LENGTH}), \
                 LocalCluster(n_workers=n_workers, threads_per_worker=1, processes=True,
                              dashboard_address="127.0.0.1:0", local_directory=str(state_dir(run_dir) / "dask-scratch"),
                              silence_logs=40) as cluster:
@@ -207,12 +220,17 @@ def _refused(address: str, timeout: float = 5.0) -> str | None:
         return e.strerror or str(e)
 
 
+#: above how many kept messages a worker stream (:data:`DASK_LOG_LENGTH`) an existing scheduler gets a note
+LOG_LENGTH_NOTE = 100
+
+
 def check_cluster(address: str, run_dir, timeout: float = 30.0) -> None:
     """Refuse, with one line, an existing Dask cluster the shard tasks cannot run on: no scheduler
     answering at ``address`` within ``timeout`` seconds, or a scheduler or worker without this
     version of wsseg (both unpickle the tasks, which name its functions) or, for a local run
     directory, without it at the same path. A cluster with no worker yet passes, with a line on
-    the terminal (an adaptive one starts them on demand)."""
+    the terminal (an adaptive one starts them on demand); so does a scheduler that keeps more
+    than :data:`LOG_LENGTH_NOTE` messages a worker (:data:`DASK_LOG_LENGTH`), with how to start it."""
     from importlib.metadata import PackageNotFoundError, version
 
     from distributed import Client
@@ -225,7 +243,13 @@ def check_cluster(address: str, run_dir, timeout: float = 30.0) -> None:
             v = _version("wsseg")
         except _Missing:
             v = None
-        return {"wsseg": v, "run_dir": path is None or _os.path.isdir(path)}
+        try:
+            import dask as _dask
+
+            kept = _dask.config.get("distributed.admin.low-level-log-length")
+        except Exception:
+            kept = None
+        return {"wsseg": v, "run_dir": path is None or _os.path.isdir(path), "log_length": kept}
 
     try:
         mine = version("wsseg")
@@ -258,6 +282,12 @@ def check_cluster(address: str, run_dir, timeout: float = 30.0) -> None:
         if len(found) == 1:
             print(f"the Dask scheduler at {address} has no worker yet: the shard tasks wait for one", file=sys.stderr,
                   flush=True)
+        kept = found["the scheduler"].get("log_length")
+        if isinstance(kept, int) and kept > LOG_LENGTH_NOTE:
+            var, value = next(iter(DASK_ENVIRON.items()))
+            print(f"the Dask scheduler at {address} keeps its last {kept} messages to each worker, and with them each "
+                  f"shard task's arguments (its memory grows with the workers); start it with {var}={value} "
+                  f"(docs/large-corpora.md#existing-dask-cluster)", file=sys.stderr, flush=True)
         try:  # a failure here costs the dashboard's task runs, not the work: say so and go on
             client.register_plugin(fresh_prefect_services(), name="wsseg-prefect-services")
         except Exception as e:
@@ -297,7 +327,7 @@ def state_dir(run_dir) -> Path:
 
 def worker_environ() -> dict:
     """The environment Dask's nanny gives our worker processes: its defaults (one BLAS/OpenMP
-    thread) without ``MALLOC_TRIM_THRESHOLD_``. Setting that variable at all switches off
+    thread) and :data:`DASK_ENVIRON`, without ``MALLOC_TRIM_THRESHOLD_``. Setting that variable at all switches off
     glibc's adaptive mmap threshold, so every array above 128 KiB (a class-probability map of
     one photo is megabytes) is mapped and unmapped afresh and its pages faulted in again: the
     round-1 preliminary stage of msrc21 (276 images, 2 workers) took 41.8 s with it and 22.4 s
@@ -306,13 +336,30 @@ def worker_environ() -> dict:
     import dask
     import distributed  # noqa: F401  (loads the distributed.* defaults into dask.config)
 
-    env = dict(dask.config.get("distributed.nanny.pre-spawn-environ"))
+    env = dict(dask.config.get("distributed.nanny.pre-spawn-environ")) | DASK_ENVIRON
     dask_value = env.pop("MALLOC_TRIM_THRESHOLD_", None)
     # a nanny also writes these variables into this process's environment, which later workers
     # inherit: drop Dask's value there too (a value of the user's own is kept)
     if dask_value is not None and os.environ.get("MALLOC_TRIM_THRESHOLD_") == str(dask_value):
         del os.environ["MALLOC_TRIM_THRESHOLD_"]
     return env
+
+
+def by_reference(flow_fn):
+    """``flow_fn`` (a module-level Prefect flow) with its function pickled by reference (module and
+    name) instead of by value. Every task a flow submits to Dask carries the flow run's context,
+    the flow among it; the flow's function is not its module's attribute of that name (the Flow
+    object is), so cloudpickle copied it by value with every global it names (the stage's tasks,
+    the store's classes...), and each shard task's payload rebuilt them on the Dask scheduler and
+    the worker (measured in `wsseg bench scale`: the scheduler's memory grew with the task runs;
+    docs/large-corpora.md). Named ``<name>.fn`` it is found where it lives: ``module.<name>.fn``.
+    Use above ``@flow`` on a top-level flow that submits shard tasks (tests/test_flow_stream.py
+    checks each); not on a flow deployed from its imported object, whose deployment entrypoint
+    Prefect writes from the function's qualname (deployments/serve.py loads its flow from source)."""
+    fn = flow_fn.fn
+    if "." not in fn.__qualname__:  # at the top level (a nested function cannot be found by name)
+        fn.__qualname__ = f"{fn.__qualname__}.fn"
+    return flow_fn
 
 
 def on_cluster(flow_fn, address: str | None):

@@ -18,6 +18,8 @@ import pytest
 
 from conftest import KILL_IDS, TINY, copy_sample, run_outputs
 
+from wsseg.flows.runtime import DASK_ENVIRON
+
 ROOT = Path(__file__).resolve().parents[1]
 DASK = Path(sys.executable).with_name("dask")  # the CLI of this environment's distributed
 
@@ -61,7 +63,8 @@ def external_cluster(tmp_path_factory):
     procs: list[subprocess.Popen] = []
     try:
         procs.append(subprocess.Popen([str(DASK), "scheduler", "--host", "127.0.0.1", "--port",
-                                       address.rsplit(":", 1)[1], "--no-dashboard"], cwd=base, env=env,
+                                       address.rsplit(":", 1)[1], "--no-dashboard"], cwd=base,
+                                      env=env | DASK_ENVIRON,  # as docs/large-corpora.md starts it
                                       stdout=log, stderr=subprocess.STDOUT, start_new_session=True))
         procs.append(subprocess.Popen([str(DASK), "worker", address, "--nworkers", "2", "--nthreads", "1",
                                        "--preload-nanny", "wsseg.flows.nanny", "--no-dashboard",
@@ -136,6 +139,40 @@ def test_a_wrong_address_is_one_line(tmp_path):
                           "--dask-address", address], cwd=ROOT, env=env, capture_output=True, text=True, timeout=600)
     assert res.returncode == 2
     assert res.stderr.strip().splitlines()[-1].startswith(f"wsseg: error: --dask-address {address}: no Dask scheduler")
+
+
+def test_a_scheduler_that_keeps_its_messages_gets_a_note(tmp_path, capsys):
+    """A scheduler started without DASK_ENVIRON keeps its last 1000 messages to each worker, each
+    shard task's arguments with them: the command goes on, with one line saying how to start it;
+    started as the docs say, no line."""
+    from wsseg.flows.runtime import check_cluster
+
+    bare = {k: v for k, v in os.environ.items() if k not in DASK_ENVIRON}
+    for env, noted in ((bare, True), (bare | DASK_ENVIRON, False)):
+        port = _free_port()
+        proc = subprocess.Popen([str(DASK), "scheduler", "--host", "127.0.0.1", "--port", str(port), "--no-dashboard"],
+                                cwd=tmp_path, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+                                start_new_session=True)
+        try:
+            deadline = time.monotonic() + 120
+            while True:  # until it listens
+                try:
+                    socket.create_connection(("127.0.0.1", port), timeout=1).close()
+                    break
+                except OSError:
+                    assert time.monotonic() < deadline and proc.poll() is None, "the scheduler did not start"
+                    time.sleep(0.5)
+            check_cluster(f"tcp://127.0.0.1:{port}", tmp_path)
+            err = capsys.readouterr().err
+            assert "has no worker yet" in err
+            lines = [x for x in err.splitlines() if "keeps its last" in x]
+            if noted:
+                assert len(lines) == 1 and "keeps its last 1000 messages to each worker" in lines[0] and \
+                    "DASK_DISTRIBUTED__ADMIN__LOW_LEVEL_LOG_LENGTH=0" in lines[0], err
+            else:
+                assert not lines, err
+        finally:
+            _stop([proc])
 
 
 def test_shard_tasks_per_stage_are_bounded():
