@@ -39,7 +39,7 @@ from typing import Any, Callable, Iterator
 from prefect import flow, task
 
 from wsseg.flows.naming import FlowRunName, ShardRunName
-from wsseg.flows.runtime import dask_cluster, on_cluster
+from wsseg.flows.runtime import by_reference, dask_cluster, on_cluster
 from wsseg.flows.wsss import SHARD_TASK, handing, ingest, pending_shards, run_shards, shards_of
 from wsseg.tasks.bench import pipeline as tb
 from wsseg.tasks.config import WSSSConfig
@@ -78,6 +78,7 @@ def measured_stage(stage: str, shards: list[list[str]], label: str, records: lis
 
 
 # ============================================================================ subflows
+@by_reference
 @flow(name="bench-pipeline-replicate", flow_run_name=FlowRunName("bench-replicate-{n}"))
 def replicate_source(data: str, out_dir: str, n: int, start: int = 0, seed: int = 0, split: str = "train",
                      source_split: str | None = None, shard_size: int = 32) -> dict:
@@ -113,6 +114,7 @@ def replicate_source(data: str, out_dir: str, n: int, start: int = 0, seed: int 
     return {"images": n, "sha256": shas, "stage": tb.stage_figures(shards, wall, n)}
 
 
+@by_reference
 @flow(name="bench-pipeline-round", flow_run_name=FlowRunName("bench-round"))
 def round_pass(run_dir: str, config: WSSSConfig, ids: list[str] | None = None, train: bool = True,
                crf: bool = False) -> dict:
@@ -427,6 +429,7 @@ CASES: dict[str, Callable[..., dict]] = {"full": full_case, "incremental": incre
 
 
 # ============================================================================ the flow
+@by_reference
 @flow(name="bench_pipeline", flow_run_name=FlowRunName("bench-pipeline"))
 def bench_pipeline(data: str, run_dir: str, sizes: list[int], workers: list[int], out: str, config: WSSSConfig,
                    sample: int = 256, listing_k: int = 50, seed: int = 0, source_split: str | None = None,

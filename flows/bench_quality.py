@@ -40,7 +40,7 @@ import numpy as np
 from prefect import flow, task
 
 from wsseg.flows.naming import FlowRunName, ShardRunName
-from wsseg.flows.runtime import on_cluster
+from wsseg.flows.runtime import by_reference, on_cluster
 from wsseg.flows.wsss import (SHARD_TASK, compute_all_features, evaluate_sources, gate_options, handing, ingest,
                         run_shards, shards_of, train_wsss)
 from wsseg.tasks.bench import ablation
@@ -60,6 +60,7 @@ cam_crf_task = task(name="cam-crf-shard", task_run_name=ShardRunName("cam-crf"),
 box_grabcut_task = task(name="box-grabcut-shard", task_run_name=ShardRunName("box-grabcut"), **SHARD_TASK)(box_grabcut_shard)
 
 
+@by_reference
 @flow(name="bench_quality", flow_run_name=FlowRunName("bench-quality"))
 def bench_quality(data: str, run_dir: str, config: WSSSConfig, out: str, eval_split: str | None = "val",
                   ablate: list[str] | None = None, dask_address: str | None = None, background: str | None = "auto",

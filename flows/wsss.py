@@ -23,7 +23,7 @@ from prefect.cache_policies import NO_CACHE
 from prefect.futures import as_completed
 
 from wsseg.flows.naming import FlowRunName, ShardRunName
-from wsseg.flows.runtime import on_cluster
+from wsseg.flows.runtime import by_reference, on_cluster
 from wsseg.tasks.config import WSSSConfig, config_difference, recorded_config, shard_size_for
 from wsseg.tasks.corpus import ingest as ing
 from wsseg.tasks.corpus import resume
@@ -125,9 +125,8 @@ def wave_size(shard_size: int = 1) -> int:
     runner = getattr(FlowRunContext.get(), "task_runner", None)
     threads = 0
     try:
-        client = getattr(runner, "_client", None)  # prefect_dask's DaskTaskRunner, once started
-        if client is not None:
-            threads = sum(client.nthreads().values())
+        if type(runner).__name__ == "DaskTaskRunner":  # prefect_dask's: its client is made at first use,
+            threads = sum(runner.client.nthreads().values())  # so a flow's first stage asks for it
         else:  # Prefect's ThreadPoolTaskRunner
             threads = int(getattr(runner, "_max_workers", 0) or 0)
     except Exception:  # a runner of another kind, a scheduler that does not answer: the floor
@@ -172,6 +171,7 @@ def run_shards(task_fn, shards, stage: str, per_shard=None, in_flight: int | Non
 
 
 # ============================================================================ ingest
+@by_reference
 @flow(name="ingest", flow_run_name=FlowRunName("ingest"))
 def ingest(source: str, run_dir: str, shard_size: int = 32, skip_invalid: bool = False,
            background: str | None = "auto", max_pixels: int = ing.MAX_PIXELS, min_side: int = ing.MIN_SIDE,
@@ -267,6 +267,7 @@ def gate_options(store: Store, config: WSSSConfig) -> dict:
     return {"gate_scales": list(config.classifier.cam_scales)}
 
 
+@by_reference
 @flow(name="evaluate", flow_run_name=FlowRunName("evaluate-{source}-{split}"))
 def evaluate(run_dir: str, round_index: int | None = None, split: str = "train", source: str = "pseudo",
              shard_size: int = 16) -> dict:
@@ -301,6 +302,7 @@ def evaluate(run_dir: str, round_index: int | None = None, split: str = "train",
 
 
 # ============================================================================ refresh round
+@by_reference
 @flow(name="refresh_round", flow_run_name=FlowRunName("round-{round_index}"))
 def refresh_round(run_dir: str, round_index: int, config: WSSSConfig, feature_key: str,
                   train_model: bool = True) -> dict:
@@ -480,6 +482,7 @@ def report_round(store: Store, r: int, records, config: WSSSConfig, tracker: Tra
 
 
 # ============================================================================ the whole training
+@by_reference
 @flow(name="train_wsss", flow_run_name=FlowRunName("train-wsss"))
 def train_wsss(run_dir: str, config: WSSSConfig = WSSSConfig(), dask_address: str | None = None,
                final_model: bool = True, model_name: str | None = None) -> dict:
@@ -583,6 +586,7 @@ def log_final_model(store: Store, tracker: Tracker, r: int, model_name: str | No
 
 
 # ============================================================================ incremental refresh
+@by_reference
 @flow(name="refresh", flow_run_name=FlowRunName("refresh"))
 def refresh(run_dir: str) -> dict:
     """Label the images of the corpus that the last finished round has no pseudo-label of (new

@@ -2,6 +2,7 @@
 shard give exactly the shards of the whole manifest, the trainers' sample drawn from streamed
 rows is the in-memory one, and ``run_shards`` keeps a bounded number of shard tasks in flight."""
 import random
+from pathlib import Path
 
 import pyarrow as pa
 import pyarrow.parquet as pq
@@ -97,11 +98,13 @@ def test_streamed_sample_is_the_sorted_one(tmp_path):
 def test_run_shards_keeps_a_bounded_number_of_tasks_in_flight(tmp_path, prefect_harness, cluster):
     """On a Dask cluster ``run_shards`` submits at most ``in_flight`` shard tasks before one has
     finished (each task writes its file as it ends: submitted minus files written bounds the tasks
-    in flight from above), takes its shards from a generator, and returns every shard's result."""
+    in flight from above), takes its shards from a generator, and returns every shard's result;
+    the scheduler keeps none of the tasks' messages; a flow's first stage keeps two tasks a worker
+    thread in flight."""
     from prefect import flow, task
 
     from wsseg.flows.runtime import on_cluster
-    from wsseg.flows.wsss import SHARD_TASK, run_shards
+    from wsseg.flows.wsss import SHARD_TASK, WAVE_ROWS, run_shards, wave_size
 
     done = tmp_path / "done"
     done.mkdir()
@@ -133,3 +136,50 @@ def test_run_shards_keeps_a_bounded_number_of_tasks_in_flight(tmp_path, prefect_
     assert sorted(results) == [[f"s{k:02d}-{i}" for i in range(3)] for k in range(10)]
     assert len(in_flight) == 10 and max(in_flight) <= 3, in_flight
     assert len(list(done.iterdir())) == 10
+
+    @flow(name="first-wave")
+    def first_wave() -> int:  # before the flow has submitted anything
+        return wave_size(WAVE_ROWS)  # shards so large that the rows allow one in flight
+
+    from distributed import Client
+
+    with Client(cluster, timeout=60, set_as_default=False) as client:
+        threads = sum(client.nthreads().values())
+        # the scheduler kept none of its messages to the workers (each carries a task's arguments)
+        kept = client.run_on_scheduler(lambda dask_scheduler: sum(
+            len(stream.recent_message_log) for stream in dask_scheduler.stream_comms.values()))
+        assert kept == 0
+    # at least two tasks a worker thread, from the first stage on (the runner's client is made at first use)
+    assert on_cluster(first_wave, cluster)() == 2 * threads
+
+
+def test_every_flow_that_submits_shard_tasks_pickles_its_function_by_reference():
+    """Each shard task carries its flow run's context, the flow among it: every flow of a module
+    that submits shard tasks finds its function by name (``module.<flow>.fn``), so plain pickle
+    takes it by reference, the copy ``on_cluster`` makes of a flow too (cloudpickle otherwise
+    copied the function by value, with every global it names, into each shard task's payload)."""
+    import importlib
+    import pickle
+    import pkgutil
+
+    import cloudpickle
+    from prefect.flows import Flow
+
+    import wsseg.flows as package
+    from wsseg.flows.runtime import on_cluster
+
+    flows = {}
+    for info in pkgutil.iter_modules(package.__path__):
+        module = importlib.import_module(f"wsseg.flows.{info.name}")
+        source = Path(module.__file__).read_text()
+        if "run_shards(" not in source and ".submit(" not in source:
+            continue
+        flows |= {f"{module.__name__}.{name}": obj for name, obj in vars(module).items()
+                  if isinstance(obj, Flow) and obj.fn.__module__ == module.__name__}
+    assert {"wsseg.flows.wsss.ingest", "wsseg.flows.wsss.refresh_round", "wsseg.flows.wsss.train_wsss",
+            "wsseg.flows.bench_quality.bench_quality"} <= set(flows)
+    for name, f in flows.items():
+        assert pickle.loads(pickle.dumps(f.fn)) is f.fn, name
+        copy = on_cluster(f, "tcp://127.0.0.1:1")  # a copy with a Dask task runner (nothing connects)
+        assert pickle.loads(pickle.dumps(copy.fn)) is f.fn, name
+        assert len(cloudpickle.dumps(f.fn)) < 200, name  # a reference, not the code and its globals
