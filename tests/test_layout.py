@@ -84,6 +84,7 @@ def test_a_module_that_finds_the_project_from_its_own_file_finds_it():
 TOOLS_RUN_BY = {
     "bench_flow_memory.py": "docs/large-corpora.md",
     "bench_object_store.py": "docs/benchmarks.md",
+    "bench_scheduler_memory.py": "docs/large-corpora.md",
     "bench_shard_rows.py": "docs/large-corpora.md",
     "bench_store.py": "docs/benchmarks.md",
     "bench_task_cost.py": "docs/benchmarks.md",
