@@ -149,7 +149,7 @@ def _drain_prefect_services(timeout: float = 30.0) -> None:
 #: (``distributed.admin.low-level-log-length``, 1000 by default). A scheduler keeps them per worker
 #: stream, and each shard task's message carries the task's arguments (its shard's rows) and the
 #: flow run's context: the scheduler held every task's arguments up to about 500 tasks a worker
-#: (`wsseg bench scale`, 2 x 10^4 images: 944 of 938 tasks' messages; with 128 workers that is
+#: (`wsseg bench scale`, 2 x 10^4 images: 944 messages for 938 task runs; with 128 workers that is
 #: every task of a run's first stages). wsseg's own clusters keep none; an existing cluster's
 #: scheduler is started with :data:`DASK_ENVIRON` (docs/large-corpora.md#existing-dask-cluster).
 DASK_LOG_LENGTH = 0

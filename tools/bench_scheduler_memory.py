@@ -49,12 +49,10 @@ def scheduler_figures(dask_scheduler) -> dict:
 def make_flow():
     from prefect import flow, task
 
-    from wsseg.flows.runtime import by_reference
     from wsseg.flows.wsss import SHARD_TASK, run_shards
 
     shard_task = task(name="bench-shard", **SHARD_TASK)(shard_fn)
 
-    @by_reference
     @flow(name="bench-scheduler-memory")
     def waves(n: int, k: int) -> list[dict]:
         from prefect.context import FlowRunContext
