@@ -32,7 +32,7 @@ from wsseg.flows.runtime import on_cluster
 from wsseg.flows.wsss import compute_all_features, evaluate_sources, gate_options, train_wsss
 from wsseg.tasks.bench import corrections as bc
 from wsseg.tasks.bench import quality
-from wsseg.tasks.config import WSSSConfig
+from wsseg.tasks.config import WSSSConfig, without_removed
 from wsseg.tasks.labels.corrections import ingest_corrections
 from wsseg.tasks.labels.review import review_table
 from wsseg.tasks.store import Store
@@ -55,7 +55,7 @@ def bench_corrections(run_dir: str, out: str, share: float = 0.1, seeds: int = 3
         raise ValueError(f"{run_dir}: the run has not finished; run `wsseg train` (or `wsseg bench quality`) first")
     if store.corrections():
         raise ValueError(f"{run_dir}: the run holds corrections already; measure from a run without any")
-    config = WSSSConfig.model_validate(store.read_config() or {})
+    config = WSSSConfig.model_validate(without_removed(store.read_config()))
     records = [rec for rec in store.manifest(config.split) if rec.has_mask]
     if len(records) < 2:
         raise ValueError(f"{run_dir}: the corrections bench needs masks of the split {config.split!r} (they stand "

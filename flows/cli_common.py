@@ -139,7 +139,7 @@ def run_configuration(run_dir) -> dict:
     yet (it is written when a train finishes): then the configuration its newest finished round
     recorded (inputs.json: every field but the round budget, from its decision when the budget ended
     the rounds, and the inference settings); empty (the defaults) for a run directory with neither."""
-    from wsseg.tasks.config import recorded_config
+    from wsseg.tasks.config import recorded_config, without_removed
     from wsseg.tasks.store import Store
 
     if run_dir is None:
@@ -154,7 +154,8 @@ def run_configuration(run_dir) -> dict:
                 if done.get("stops_rounds") and str(done.get("stop_reason") or "").startswith("round budget"):
                     recorded["max_rounds"] = r + 1  # the budget ended the rounds there: it was r + 1
                 break
-    return recorded or {}
+    # an older record's removed options are not today's fields; the results compare with what it held
+    return without_removed(recorded)
 
 
 def check_device(device: str | None) -> None:

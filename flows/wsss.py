@@ -24,7 +24,7 @@ from prefect.futures import as_completed
 
 from wsseg.flows.naming import FlowRunName, ShardRunName
 from wsseg.flows.runtime import by_reference, on_cluster
-from wsseg.tasks.config import WSSSConfig, config_difference, recorded_config, shard_size_for
+from wsseg.tasks.config import WSSSConfig, config_difference, recorded_config, shard_size_for, without_removed
 from wsseg.tasks.corpus import ingest as ing
 from wsseg.tasks.corpus import resume
 from wsseg.tasks.corpus.encoders import with_weight_digests
@@ -282,7 +282,7 @@ def evaluate(run_dir: str, round_index: int | None = None, split: str = "train",
     records = store.split_rows(split)
     if source == "model":
         key = (store.read_round(r) or {}).get("feature_key")
-        config = WSSSConfig.model_validate(store.read_config() or {})
+        config = WSSSConfig.model_validate(without_removed(store.read_config()))
         if key == feature_key(config.features):  # a split the rounds did not run on (val) has no edge maps yet
             compute_all_features(run_dir, records, config, only=lambda x: x.has_mask)
         res = evaluate_sources(run_dir, records, [["model", split]], shard_size,
@@ -349,9 +349,8 @@ def refresh_round(run_dir: str, round_index: int, config: WSSSConfig, feature_ke
         # model (the run's final one) with the whole budget from the start, see final_model_config,
         # on the final round's labels (the round before, when this one oscillates)
         last = decision.stop
-        seg_cfg, init = (config if last else round_model_config(config)), (r - 1 if r > 0 else None)
-        if last and config.segmentation.final_model == "full_budget":
-            seg_cfg, init = final_model_config(config, r + 1), None
+        seg_cfg, init = (final_model_config(config, r + 1), None) if last else \
+            (round_model_config(config), r - 1 if r > 0 else None)
         result = train_segmenter(store, learn, feature_key, seg_cfg, r=r, label_round=decision.final_round,
                                  init_round=init, log=tracker.log_metrics) if train_model else None
         # measurement and reporting, after the method's steps
@@ -382,13 +381,13 @@ def keep_round_inputs(store: Store, r: int, inputs: dict, config: WSSSConfig) ->
     other ones, or none though finished (an older wsseg's), it and every later round are removed
     and computed again, and the terminal says what changed. A change that the round's
     pseudo-labels do not depend on (the segmentation model, the stopping rule:
-    :data:`tasks.config.MODEL_ONLY`) removes only its model, summary and the later rounds, and one
-    that acts from round 1 on (:data:`tasks.config.FROM_ROUND_1`) leaves round 0 whole
+    scope MODEL of :data:`tasks.config.OPTIONS`) removes only its model, summary and the later rounds, and one
+    that acts from round 1 on (scope FROM_ROUND_1) leaves round 0 whole
     (:func:`tasks.corpus.resume.round_view`). A change of the stopping rule alone
-    (:data:`tasks.config.DECISION_ONLY`; ``config``: the run's today) takes a finished round's
+    (scope DECISION; ``config``: the run's today) takes a finished round's
     decision again from its record: where it stands the round is kept whole, its record saying
     the new rule's reason (:func:`tasks.wsss.recompute.decision_stands`). A change of what the
-    final model alone reads (:data:`tasks.config.FINAL_MODEL_ONLY`) keeps every finished round that
+    final model alone reads (scope FINAL_MODEL) keeps every finished round that
     did not stop the rounds whole; the last one's model is trained again. An unfinished round
     without a record (one sharing another run's round-0 arrays, as the ablations do) is resumed.
     The inputs are then recorded."""
@@ -602,7 +601,7 @@ def refresh(run_dir: str) -> dict:
     if not rounds:
         raise ValueError(f"{run_dir}: no finished round to label new images with; run `wsseg train` first")
     r = rounds[-1]
-    config = WSSSConfig.model_validate(store.read_config() or {})
+    config = WSSSConfig.model_validate(without_removed(store.read_config()))
     problem = rf.refresh_problem(store, r, config)
     if problem:
         raise ValueError(f"{run_dir}: {problem}")
@@ -649,7 +648,7 @@ def check_config(store: Store, config: WSSSConfig) -> None:
 
 def record_config(store: Store, config: WSSSConfig) -> None:
     """Record ``config`` as the run directory's configuration (config.json: what a plain `wsseg
-    train` resumes with), without where the work ran (:data:`tasks.config.RUNTIME_ONLY`)."""
+    train` resumes with), without where the work ran (scope RUNTIME of :data:`tasks.config.OPTIONS`)."""
     current = recorded_config(config)
     if store.read_config() != current:
         store.write_config(current)

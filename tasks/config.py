@@ -3,6 +3,7 @@ so Prefect shows and records it with each flow run and MLflow logs it with each 
 from __future__ import annotations
 
 from dataclasses import dataclass
+from enum import Enum
 from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
@@ -13,7 +14,7 @@ class FeatureConfig(BaseModel):
 
     model_config = ConfigDict(extra="forbid")
 
-    superpixel_method: Literal["slico", "slic", "mslic", "skimage_slic", "felzenszwalb"] = Field("slico", description=(
+    superpixel_method: Literal["slico", "slic", "felzenszwalb"] = Field("slico", description=(
         "superpixel algorithm (tasks.wsss.superpixels); slico adapts its compactness per superpixel, and the others "
         "did no better, see docs/benchmarks.md#ablations"))
     region_size: int = Field(16, ge=4, description="superpixel side in pixels")
@@ -71,22 +72,11 @@ class ClassifierConfig(BaseModel):
     cam_scales: tuple[float, ...] = Field((1.5,), description=(
         "image scales (factors) whose CAMs are averaged; 1.5, as the map is coarse on small photos and 1.5 "
         "beat 1.0 and (0.75, 1.0, 1.25), see docs/benchmarks.md#defaults-and-why"))
-    cam_mode: Literal["auto", "centered", "normalized"] = Field("auto", description=(
-        "centered: class maps minus their image mean, softmax over the tags; normalized: ReLU CAMs "
-        "divided by their maximum; auto: centered without an implicit background class"))
-    cam_temperature: float = Field(1.0, gt=0, description="softmax temperature of centered class maps")
-    cam_centring: float = Field(1.0, ge=0, le=1, description=(
-        "centered class maps: the share of each class map's image mean that is subtracted (1 = all, 0 = "
-        "uncentred maps); 1, as 0.5 raised msrc21's CAM and lowered its labels, see "
-        "docs/benchmarks.md#defaults-and-why"))
-    background_threshold: float = Field(0.35, description="CAM score of the implicit background class")
-    background_rule: Literal["constant", "tag_count"] = Field("tag_count", description=(
-        "the implicit background's CAM score on an image with n object tags: constant (background_threshold) "
-        "or tag_count (background_threshold ** (1 / n): a pixel's strongest of n max-normalised maps grows "
-        "with n, and this keeps the chance that a background pixel stays background the same at every tag "
-        "count, exactly so when the maps are uniform on the background); the same for one object tag, no "
-        "effect without an implicit background; tag_count since 2026-12-05, see "
-        "docs/benchmarks.md#the-mils-least-share"))
+    background_threshold: float = Field(0.35, description=(
+        "with an implicit background (whose CAMs are ReLU maps divided by their maximum; without one, each "
+        "class map minus its image mean, softmax over the tags): its CAM score on an image with one object "
+        "tag; with n object tags background_threshold ** (1 / n), as a pixel's strongest of n maps grows with "
+        "n (tasks.wsss.pipeline.background_score)"))
 
 
 class ProposalConfig(BaseModel):
@@ -99,18 +89,9 @@ class ProposalConfig(BaseModel):
         "training epochs of the proposal classifier each round; 10, as 30 gained no more than noise at three "
         "times the time, see docs/benchmarks.md#defaults-and-why"))
     lr: float = Field(1e-3, description="learning rate of the proposal classifier")
-    negatives: bool = Field(True, description=(
-        "train over every class (an untagged class is a negative for the image's proposals), not only the "
-        "tags; prediction is restricted to the tags either way; on, as the later rounds gain, see "
-        "docs/benchmarks.md#refresh-round-parts"))
     target_sharpen: float = Field(2.0, description=(
         "exponent of the proposals' soft targets (area-weighted preliminary probabilities, restricted to the "
         "tags) before they are renormalised; higher = closer to one-hot"))
-    mil_iterations: int = Field(0, ge=0, description="retrain the proposal classifier on the combined evidence")
-    evidence: Literal["prelim", "combined"] = Field(
-        "prelim", description="map used as the preliminary mask for IoU filtering: the preliminary result, or "
-                                "its geometric mixture with the proposal classifier's superpixel scores [ours]")
-    evidence_weight: float = Field(0.5, ge=0, le=1, description="weight of the preliminary result in the mixture")
     max_samples: int = Field(1_000_000, ge=1, description=(
         "most proposals (rows, about 1 KB each) the classifier's training holds in memory at once; a larger "
         "corpus streams them from TMPDIR each epoch in chunks of this many, see docs/large-corpora.md#memory"))
@@ -128,11 +109,6 @@ class ProposalConfig(BaseModel):
         "threshold, or the k most probable; threshold beat top-k 5, see docs/benchmarks.md#defaults-and-why"))
     k: int = Field(5, description="fusion 'topk': proposals fused per class")
     threshold: float = Field(0.5, description="fusion 'threshold': least class probability of a fused proposal")
-    clustering: Literal["kmeans", "quantile", "threshold"] = Field("kmeans", description=(
-        "3-way clustering of the fused map (METHOD.md step 6): k-means with k = 3 (solved exactly), or cuts at "
-        "the quantiles / values clustering_lo and clustering_hi"))
-    clustering_lo: float = Field(0.3, description="quantile/threshold clustering: lower cut")
-    clustering_hi: float = Field(0.7, description="quantile/threshold clustering: upper cut")
     seeding: Literal["random_walker", "grabcut", "none"] = Field("grabcut", description=(
         "seeded segmentation of the ambiguous area (METHOD.md step 7); GrabCut beat the random walker in "
         "every round at a little more time per image, see docs/benchmarks.md#defaults-and-why"))
@@ -145,8 +121,6 @@ class ProposalConfig(BaseModel):
     downscale: int = Field(2, description=(
         "seeded segmentation solved on a grid this many times smaller (factor), then upsampled; "
         "full-resolution seeds are kept"))
-    min_confidence: float = Field(0.0, description=(
-        "pixels whose seeded-segmentation confidence is below this become ignore (255); 0 = none"))
 
 
 class MILConfig(BaseModel):
@@ -158,27 +132,11 @@ class MILConfig(BaseModel):
     iterations: int = Field(6, ge=0, description="reassignment iterations of the superpixel MIL; 0 = off: the "
                                                   "preliminary result goes to step 3 as it is")
     prior_weight: float = Field(0.3, ge=0, le=1, description="weight of the preliminary result in each mixture")
-    hidden: int = Field(0, ge=0, description=(
-        "0 = multinomial logistic regression; > 0 = two-hidden-layer MLP of this width; linear, as it was "
-        "better and ten times faster, see docs/benchmarks.md#defaults-and-why"))
-    min_share: float = Field(0.0, ge=0, lt=1, description=(
-        "each tagged class claims at least this share of its image's area in the MIL targets (where its "
-        "evidence is relatively highest); 0 = plain argmax, the default since the pretrained features: 0.15 "
-        "(the default until 2026-12-05) kept classes beside stronger ones from scratch, and now costs labels "
-        "and takes coco128's background, see docs/benchmarks.md#the-mils-least-share"))
-    negatives: Literal["first_round", "all_rounds", "off"] = Field("first_round", description=(
-        "softmax over every class in training: a superpixel is a negative for each class its image is not "
-        "tagged with (MIL's negative bags); off = over the tags only; first_round = round 0 only, as they help "
-        "from the CAMs and cost from a segmenter's result, see docs/benchmarks.md#refresh-round-parts"))
     epochs: int = Field(10, description="training epochs of the superpixel classifier in each iteration")
     lr: float = Field(3e-3, description="learning rate of the superpixel classifier")
     max_samples: int = Field(1_000_000, ge=1, description=(
         "most superpixels (rows, about 1 KB each) the MIL holds in memory at once; a larger corpus streams "
         "them from TMPDIR each epoch in chunks of this many, see docs/large-corpora.md#memory"))
-
-    def negatives_in(self, round_index: int) -> bool:
-        """Whether round ``round_index``'s MIL trains with negatives (see ``negatives``)."""
-        return self.negatives == "all_rounds" or (self.negatives == "first_round" and round_index == 0)
 
 
 class SegmentationConfig(BaseModel):
@@ -196,7 +154,8 @@ class SegmentationConfig(BaseModel):
                                              description="fusion: {'resnet50': path, 'mobilenet_v2': path} "
                                                          "torchvision ImageNet checkpoints")
     epochs: int = Field(3, ge=1, description=(
-        "training epochs of a round's segmenter (the final model gets epochs x rounds, final_model); few, as "
+        "training epochs of a round's segmenter (the final model, trained from the start, gets epochs x rounds); "
+        "few, as "
         "the pretrained lite network needs few ('small' was run with 6), see docs/benchmarks.md#defaults-and-why"))
     batch_size: int = Field(8, description="images per training step")
     lr: float = Field(2e-3, description="learning rate; a pretrained encoder learns at a tenth of it "
@@ -226,11 +185,6 @@ class SegmentationConfig(BaseModel):
         "round's start; 0 = every pixel, see docs/benchmarks.md#the-final-models-label-boundaries"))
     use_edges: bool = Field(True, description="feed the feature-region map as a 4th input channel")
     finetune: bool = Field(True, description="start round r from model r-1")
-    final_model: Literal["full_budget", "finetune"] = Field("full_budget", description=(
-        "how the last round trains the run's final model: 'full_budget' starts it like round 0 (encoder_init) "
-        "and trains epochs x rounds on the final labels, as bench quality's supervised reference; 'finetune' "
-        "fine-tunes the round before for `epochs`; full_budget scored higher, see "
-        "docs/benchmarks.md#defaults-and-why"))
     encoder_init: Literal["classifier", "none"] = Field("classifier", description=(
         "where a segmenter's encoder starts unless it fine-tunes a round before (round 0, the final model): "
         "'classifier' copies the run's image classifier's when it is the same network (trained on the same "
@@ -279,11 +233,9 @@ class ForegroundConfig(BaseModel):
     mode: Literal["auto", "on", "off"] = Field("auto", description=(
         "class-agnostic foreground path (round 0's objects from boundary-connectivity saliency, not the CAMs); "
         "auto: on with an implicit background and an object class tagged on every training image; on / off: "
-        "always / never; see docs/method.md#class-agnostic-foreground-path"))
-    grabcut: bool = Field(True, description=(
-        "on the foreground path, each pseudo-label is GrabCut of the whole image from the mean foreground "
-        "evidence (tasks.wsss.foreground.foreground_label), not fusion and seeding; on, as it beat those and box "
-        "GrabCut, see docs/benchmarks.md#foreground-path"))
+        "always / never; on the path each pseudo-label is GrabCut of the whole image from the mean foreground "
+        "evidence (tasks.wsss.foreground.foreground_label), not fusion and seeding, see "
+        "docs/benchmarks.md#foreground-path and docs/method.md#class-agnostic-foreground-path"))
     grabcut_sure: float = Field(0.85, gt=0.5, le=1, description=(
         "foreground probability above which a pixel starts as sure foreground (above 0.5: probable)"))
     grabcut_border: float = Field(0.02, ge=0, lt=0.5, description=(
@@ -312,24 +264,17 @@ class WSSSConfig(BaseModel):
         "rounds >= 1: divide each tagged class's probability by its maximum over the image before "
         "the preliminary result is used [ours] (a tag says the class is there)"))
     prior_weight: float = Field(0.5, ge=0, le=1, description=(
-        "rounds >= 1: weight of round 0 (prior_source) in the preliminary result, a geometric mixture with "
-        "the model r-1 output [ours]; 0 = the model alone, as METHOD.md step 1; 0.5 keeps objects an underfit "
-        "segmenter forgets, see docs/benchmarks.md#msrc21-bench-quality"))
-    prior_source: Literal["labels", "cam"] = Field("labels", description=(
-        "rounds >= 1: what the prior_weight mixture keeps of round 0: 'labels', its pseudo-labels (each "
-        "pixel's label holds half of the prior, the image's tagged classes share the other half); 'cam', its "
-        "preliminary result (the CAMs, or the foreground evidence), the default until 2026-12-05; labels, as "
-        "they kept the rare classes a segmenter forgets (coco128 final +0.036, the demo +0.036, msrc21 "
-        "-0.007), see docs/benchmarks.md#the-rounds-keep-round-0s-labels"))
+        "rounds >= 1: weight of round 0's pseudo-labels in the preliminary result, a geometric mixture with "
+        "the model r-1 output [ours] (each pixel's round-0 label holds half of the prior, the image's tagged "
+        "classes share the other half: they kept the rare classes a segmenter forgets, see "
+        "docs/benchmarks.md#the-rounds-keep-round-0s-labels); 0 = the model alone, as METHOD.md step 1; 0.5 "
+        "keeps objects an underfit segmenter forgets, see docs/benchmarks.md#msrc21-bench-quality"))
     max_rounds: int = Field(3, ge=1, description="round budget: the most refresh rounds a run computes")
     epsilon: float = Field(0.02, description="converged when the share of pseudo-label pixels changed since the "
                                              "round before (0-1) falls below this")
-    stopping: Literal["auto", "oscillation", "budget"] = Field("oscillation", description=(
+    stopping: Literal["oscillation", "budget"] = Field("oscillation", description=(
         "oscillation: a round that oscillates (half of its changed pixels revert) ends the rounds, the round "
-        "before final (no mask needed); auto: also, without an implicit background, a round that lowers the "
-        "tag coverage (the default until 2026-12-05: without the MIL's least share the coverage falls in rounds "
-        "that gain, see docs/benchmarks.md#the-mils-least-share); budget: the last round; see "
-        "docs/method.md#stopping-without-masks"))
+        "before final (no mask needed); budget: the last round; see docs/method.md#stopping-without-masks"))
     split: str = Field("train", description="the corpus split whose images the rounds label and train on")
     shard_size: int = Field(64, ge=1, description=(
         "images per shard task (a Dask worker's unit of work), grown so a stage has at most max_shards tasks; "
@@ -364,42 +309,114 @@ def shard_size_for(n_images: int, shard_size: int, max_shards: int = 2000) -> in
     return max(shard_size, -(-n_images // max_shards))
 
 
-# Where the work runs is not part of what a result depends on: a run directory moved to a GPU
-# machine keeps its finished rounds (a GPU's numbers may differ in the last digits; accepted). Not
-# recorded (config.json, rounds' inputs.json), not compared, not in the configuration's digest; a
-# record of an older wsseg that holds it is read without it (recorded_config).
-RUNTIME_ONLY = ("device",)
+class Scope(str, Enum):
+    """What a change of an option computes again in a run directory that has results (see
+    :data:`OPTIONS`), from the least to the most. The image classifier, each round's
+    pseudo-labels and each round's segmenter record what they were computed from (their
+    checkpoint's metadata, ``rounds/rNNN/inputs.json``); a run resumed with another value keeps
+    what the option's scope says it does not reach."""
 
-# How many rounds to run, how the trained model labels untagged images and how the images are cut
-# into shard tasks change no round's content: a run may be taken further (or stopped earlier), or
-# run with other shards, on the same directory, and its finished rounds are reused.
-NOT_IN_ROUNDS = ("max_rounds", "inference", "shard_size", "max_shards") + RUNTIME_ONLY
+    #: nothing: not recorded, not compared, not in the configuration's digest (where the work
+    #: runs: a GPU's numbers may differ in the last digits, accepted)
+    RUNTIME = "runtime"
+    #: no round's content: recorded in config.json, left out of the rounds' inputs (how far the
+    #: rounds go, how untagged images are labelled, how images are cut into shard tasks)
+    NO_ROUND = "no_round"
+    #: the decision taken after a finished round (stop there? which round is final?), taken again
+    #: from the round's record; its model is kept where the decision stands
+    #: (flows.wsss.keep_round_inputs)
+    DECISION = "decision"
+    #: the run's final model (the last round's) alone, whose output no round starts from: every
+    #: round before the last is kept whole and the final model is trained again
+    FINAL_MODEL = "final_model"
+    #: the rounds' segmenters, not their pseudo-labels: a round keeps its labels and trains its
+    #: model again, and the later rounds go
+    MODEL = "model"
+    #: rounds >= 1 (round 0's preliminary result comes from the image classifier): round 0 is
+    #: kept whole, model included, and round 1 on is computed again
+    FROM_ROUND_1 = "from_round_1"
+    #: how the image classifier's maps are read into round 0's preliminary result, not how it is
+    #: trained: the trained classifier is kept (tasks.wsss.classifier.train_image_classifier) and
+    #: every round is computed again
+    CAM_READING = "cam_reading"
+    #: everything the option feeds, from the first result that reads it (the image classifier for
+    #: its own settings, the features, round 0 on): the default of every field without a row
+    ALL = "all"
 
-# What a round's pseudo-labels do not depend on, so that a run resumed with another value keeps
-# them and computes again only what does (tasks.corpus.resume.round_view): the segmentation
-# model and the stopping rule act after a round's labels (on its model, and on which round is
-# final), and the prior of the preliminary result acts from round 1 on (round 0's comes from the
-# image classifier), so it changes neither round 0's labels nor its model.
-MODEL_ONLY = ("segmentation", "epsilon", "stopping")
-# Of those, what acts only on the decision taken after a round (whether the rounds stop there,
-# and which round is final): a finished round's record holds what the decision is taken from, so
-# a run resumed with another value decides the round again and keeps its model where the decision
-# stands (flows.wsss.keep_round_inputs)
-DECISION_ONLY = ("epsilon", "stopping")
-# The segmentation settings that the run's final model (the last round's) and the rounds' own
-# segmenters take from fields of their own: the final model's field -> the rounds' field
-# (tasks.wsss.segmenter.round_model_config puts the rounds' value in the final model's place).
+
+#: What each stored result depends on: each option or section (a dotted path of
+#: :class:`WSSSConfig`) whose change does not compute everything again, with its :class:`Scope`
+#: and why. The longest path that holds an option decides (``segmentation.class_balance`` is
+#: FINAL_MODEL inside a MODEL section); an option under no row is :attr:`Scope.ALL`. A row may
+#: name an option of :data:`REMOVED_OPTIONS`: a record of an older wsseg holds it, and another
+#: value than the kept one computes again what it fed, no more. The code reads it through
+#: :func:`options_with`; tests/test_config.py checks it against the configuration's fields.
+OPTIONS: dict[str, tuple[Scope, str]] = {
+    "device": (Scope.RUNTIME, "where training runs; a run directory moved to a GPU machine keeps its rounds"),
+    "max_rounds": (Scope.NO_ROUND, "the round budget: a run may be taken further, or stopped earlier"),
+    "inference": (Scope.NO_ROUND, "how a trained segmenter labels untagged images, after the rounds"),
+    "shard_size": (Scope.NO_ROUND, "how the images are cut into shard tasks; results do not depend on it"),
+    "max_shards": (Scope.NO_ROUND, "how the images are cut into shard tasks; results do not depend on it"),
+    "epsilon": (Scope.DECISION, "the stopping rule reads a finished round's record (its changed share)"),
+    "stopping": (Scope.DECISION, "the stopping rule reads a finished round's record (its changed share)"),
+    "segmentation": (Scope.MODEL, "the segmenter is trained on a round's labels, after them"),
+    "segmentation.class_balance": (Scope.FINAL_MODEL, "the rounds' segmenters read rounds_class_balance instead"),
+    "segmentation.boundary_ignore": (Scope.FINAL_MODEL, "the rounds' segmenters read rounds_boundary_ignore "
+                                                        "instead"),
+    "prelim_normalize": (Scope.FROM_ROUND_1, "acts on model r-1's probabilities; round 0 has no model before it"),
+    "prior_weight": (Scope.FROM_ROUND_1, "mixes round 0 into the later rounds' preliminary result"),
+    "prior_source": (Scope.FROM_ROUND_1, "removed: what the later rounds kept of round 0"),
+    "classifier.cam_scales": (Scope.CAM_READING, "the scales whose maps are averaged, after training"),
+    "classifier.background_threshold": (Scope.CAM_READING, "the implicit background's score beside the maps"),
+    "classifier.cam_mode": (Scope.CAM_READING, "removed: centred or max-normalised maps"),
+    "classifier.cam_temperature": (Scope.CAM_READING, "removed: the softmax temperature of centred maps"),
+    "classifier.cam_centring": (Scope.CAM_READING, "removed: the share of a map's mean subtracted"),
+    "classifier.background_rule": (Scope.CAM_READING, "removed: the background's score against the tag count"),
+}
+
+#: The final model's segmentation fields that the rounds' own segmenters read from a field of
+#: their own (the final model's field -> the rounds' field): tasks.wsss.segmenter.round_model_config
+#: puts the rounds' value in the final model's place, which is why those are :attr:`Scope.FINAL_MODEL`.
 ROUND_SETTINGS = {"class_balance": "rounds_class_balance", "boundary_ignore": "rounds_boundary_ignore"}
-# So the final model's fields act only on the final model, whose output no round starts from: a
-# run resumed with another value keeps every round before the last whole and trains the final
-# model again (flows.wsss.keep_round_inputs)
-FINAL_MODEL_ONLY = tuple(f"segmentation.{k}" for k in ROUND_SETTINGS)
-FROM_ROUND_1 = ("prelim_normalize", "prior_weight", "prior_source")
-# How the image classifier's maps are read into round 0's preliminary result, not how it is
-# trained: another value computes round 0 again but keeps the trained classifier
-# (tasks.wsss.classifier.train_image_classifier)
-CAM_READING = ("cam_scales", "cam_mode", "cam_temperature", "cam_centring", "background_threshold",
-               "background_rule")
+
+
+def scope_of(path: str) -> Scope:
+    """The :class:`Scope` of an option or section at dotted ``path``: that of the longest row of
+    :data:`OPTIONS` that holds it, :attr:`Scope.ALL` under none.
+
+    >>> scope_of("segmentation.epochs"), scope_of("segmentation.class_balance"), scope_of("classifier.epochs")
+    (<Scope.MODEL: 'model'>, <Scope.FINAL_MODEL: 'final_model'>, <Scope.ALL: 'all'>)
+    """
+    parts = path.split(".")
+    for n in range(len(parts), 0, -1):
+        row = OPTIONS.get(".".join(parts[:n]))
+        if row is not None:
+            return row[0]
+    return Scope.ALL
+
+
+def options_with(*scopes: Scope, under: str | None = None) -> tuple[str, ...]:
+    """The rows of :data:`OPTIONS` whose scope is one of ``scopes``, as dotted paths; with
+    ``under``, those of one level below it, by their own name (``""``: the top-level fields,
+    ``"classifier"``: the classifier's options).
+
+    >>> options_with(Scope.RUNTIME, Scope.NO_ROUND, under="")
+    ('device', 'max_rounds', 'inference', 'shard_size', 'max_shards')
+    >>> options_with(Scope.FINAL_MODEL)
+    ('segmentation.class_balance', 'segmentation.boundary_ignore')
+    >>> options_with(Scope.CAM_READING, under="classifier")[:2]
+    ('cam_scales', 'background_threshold')
+    """
+    rows = [path for path, (scope, _) in OPTIONS.items() if scope in scopes]
+    if under is None:
+        return tuple(rows)
+    prefix = f"{under}." if under else ""
+    return tuple(p[len(prefix):] for p in rows if p.startswith(prefix) and "." not in p[len(prefix):])
+
+
+#: the top-level fields no round depends on (:attr:`Scope.RUNTIME`, :attr:`Scope.NO_ROUND`), left
+#: out of the rounds' inputs and of the "what changed" lines
+NOT_IN_ROUNDS = options_with(Scope.RUNTIME, Scope.NO_ROUND, under="")
 
 
 _MISSING = object()
@@ -416,12 +433,74 @@ class SameAs:
 #: wsseg did before it existed. A recorded configuration (an older wsseg's) that lacks one of these
 #: holds that value: no change while today's value is it, so upgrading wsseg does not reprocess a
 #: corpus whose results would not change (``cam_centring``, ``train_images``: their defaults), and a
-#: run computed before ``prior_source`` is resumed with 'cam', the prior it was computed with, and
-#: recomputed with 'labels', today's default. Any other option a record lacks is a change.
+#: run computed before ``prior_source`` (with 'cam', the prior of then) is computed again with 'labels',
+#: the prior kept. Any other option a record lacks is a change.
 ADDED_OPTIONS: dict[str, Any] = {"classifier.cam_centring": 1.0, "train_images": None, "prior_source": "cam",
                                  "classifier.background_rule": "constant",
                                  "segmentation.rounds_class_balance": SameAs("class_balance"),
                                  "segmentation.boundary_ignore": 0, "segmentation.rounds_boundary_ignore": 0}
+
+#: Options removed once their measurements were in ("keep what won"), each with the value wsseg
+#: kept (its default when it went; docs/benchmarks.md#defaults-and-why says why, and which commit
+#: to check out for the others). A recorded configuration that holds one with that value computed
+#: what wsseg computes today: no change; another value is a change, and computes again what the
+#: option fed (its scope in :data:`OPTIONS`). An option both added and removed that a record lacks
+#: holds its :data:`ADDED_OPTIONS` value (``background_rule``: 'constant', a change).
+REMOVED_OPTIONS: dict[str, Any] = {
+    "classifier.cam_mode": "auto", "classifier.cam_temperature": 1.0, "classifier.cam_centring": 1.0,
+    "classifier.background_rule": "tag_count",
+    "proposals.negatives": True, "proposals.mil_iterations": 0, "proposals.evidence": "prelim",
+    "proposals.evidence_weight": 0.5, "proposals.clustering": "kmeans", "proposals.clustering_lo": 0.3,
+    "proposals.clustering_hi": 0.7, "proposals.min_confidence": 0.0,
+    "mil.hidden": 0, "mil.min_share": 0.0, "mil.negatives": "first_round",
+    "segmentation.final_model": "full_budget", "foreground.grabcut": True, "prior_source": "labels"}
+
+
+#: Choices removed from options that remain, by dotted path: a record holding one loads with the
+#: option's default (:func:`without_removed`), and compares as a change.
+REMOVED_CHOICES: dict[str, tuple[str, ...]] = {"features.superpixel_method": ("mslic", "skimage_slic"),
+                                               "stopping": ("auto",)}
+
+
+def without_removed(record: dict | None) -> dict:
+    """A recorded configuration (config.json, as JSON) that :class:`WSSSConfig` can load: without
+    the :data:`REMOVED_OPTIONS`, and without an option that holds a :data:`REMOVED_CHOICES` value
+    (it loads with its default). What the record held is still compared where a result's inputs
+    are (:func:`config_difference`): a value other than the kept one is a change.
+
+    >>> without_removed({"prior_source": "cam", "stopping": "auto", "classifier": {"cam_mode": "auto", "epochs": 8}})
+    {'classifier': {'epochs': 8}}
+    """
+    out = dict(record or {})
+    for path in list(REMOVED_OPTIONS) + [p for p, values in REMOVED_CHOICES.items()
+                                         if _held(out, p) and _value_at(out, p) in values]:
+        head, _, leaf = path.rpartition(".")
+        section = out.get(head) if head else out
+        if isinstance(section, dict) and leaf in section:
+            section = {k: v for k, v in section.items() if k != leaf}
+            out = {**out, head: section} if head else section
+    return out
+
+
+def _value_at(record: dict, path: str) -> Any:
+    node: Any = record
+    for part in path.split("."):
+        node = node[part]
+    return node
+
+
+@dataclass(frozen=True)
+class Removed:
+    """Today's value of a :data:`REMOVED_OPTIONS` option in a "what changed" line: the value kept.
+
+    >>> str(Removed("labels"))
+    'labels (removed)'
+    """
+
+    kept: Any
+
+    def __str__(self) -> str:
+        return f"{self.kept} (removed)"
 
 
 def _before(path: str, section: dict | None) -> Any:
@@ -436,20 +515,25 @@ def _before(path: str, section: dict | None) -> Any:
 def _differs(previous: Any, current: Any, path: str, section: dict | None = None) -> bool:
     """Whether a recorded configuration value (at dotted ``path``, in the recorded ``section``)
     differs from today's; an :data:`ADDED_OPTIONS` field the record lacks holds its value from
-    before the option existed.
+    before the option existed, and a :data:`REMOVED_OPTIONS` field today lacks holds the value kept.
 
     >>> _differs({"class_balance": 0.0}, {"class_balance": 0.0, "rounds_class_balance": 0.0}, "segmentation")
     False
     >>> _differs({"class_balance": 0.5}, {"class_balance": 0.5, "rounds_class_balance": 0.0}, "segmentation")
     True
+    >>> _differs({"epochs": 8, "cam_mode": "auto"}, {"epochs": 8}, "classifier")
+    False
+    >>> _differs({"epochs": 8, "background_rule": "constant"}, {"epochs": 8}, "classifier")
+    True
     """
-    if previous is _MISSING:
-        before = _before(path, section)
-        return before is _MISSING or current != before
     if isinstance(previous, dict) and isinstance(current, dict):
         return any(_differs(previous.get(k, _MISSING), current.get(k, _MISSING), f"{path}.{k}" if path else k,
                             previous) for k in set(previous) | set(current))
-    return previous != current
+    if previous is _MISSING:
+        previous = _before(path, section)
+    if current is _MISSING:
+        current = REMOVED_OPTIONS.get(path, _MISSING)
+    return previous is _MISSING or current is _MISSING or previous != current
 
 
 def recorded_differs(previous: Any, current: Any, path: str) -> bool:
@@ -463,16 +547,32 @@ def recorded_differs(previous: Any, current: Any, path: str) -> bool:
     return _differs(previous, current, path)
 
 
-def with_added_options(record: dict) -> dict:
+def with_added_options(record: dict, removed: bool = False) -> dict:
     """A recorded configuration (as JSON) with every :data:`ADDED_OPTIONS` option its sections lack
     set to its value from before it existed, so that a part of it can be left out
     (:func:`tasks.corpus.resume.round_view`) without losing what another option stood for.
 
+    With ``removed``, only the options also in :data:`REMOVED_OPTIONS`, and only in a record written
+    before they went: today's configuration lacks them as well, so the value a record lacking one
+    was computed with must be put in before a part of it is left out. Such a record is known by
+    holding a removed option that was never added (``classifier.cam_mode``, in every record until
+    the options went); a configuration of today's wsseg, or a record written by it, is returned as
+    it is.
+
     >>> with_added_options({"segmentation": {"class_balance": 0.0}})["segmentation"]
     {'class_balance': 0.0, 'rounds_class_balance': 0.0, 'boundary_ignore': 0, 'rounds_boundary_ignore': 0}
+    >>> old = {"seed": 0, "classifier": {"epochs": 8, "cam_mode": "auto"}}
+    >>> with_added_options(old, removed=True)
+    {'seed': 0, 'classifier': {'epochs': 8, 'cam_mode': 'auto', 'cam_centring': 1.0, 'background_rule': 'constant'}, 'prior_source': 'cam'}
+    >>> with_added_options({"seed": 0, "classifier": {"epochs": 8}}, removed=True)
+    {'seed': 0, 'classifier': {'epochs': 8}}
     """
+    if removed and not any(_held(record, path) for path in REMOVED_OPTIONS if path not in ADDED_OPTIONS):
+        return record
     out = dict(record)
     for path in ADDED_OPTIONS:
+        if removed and path not in REMOVED_OPTIONS:
+            continue
         head, _, leaf = path.rpartition(".")
         section = out.get(head) if head else out
         if isinstance(section, dict) and leaf not in section:
@@ -483,10 +583,30 @@ def with_added_options(record: dict) -> dict:
     return out
 
 
+def _held(record: dict, path: str) -> bool:
+    """Whether a recorded configuration holds the option at dotted ``path``.
+
+    >>> _held({"classifier": {"cam_mode": "auto"}}, "classifier.cam_mode"), _held({}, "prior_source")
+    (True, False)
+    """
+    node: Any = record
+    for part in path.split("."):
+        if not isinstance(node, dict) or part not in node:
+            return False
+        node = node[part]
+    return True
+
+
 def changed_fields(previous: dict, current: dict) -> list[str]:
     """The top-level fields (as JSON) in which ``current`` differs from ``previous``, leaving out
     :data:`NOT_IN_ROUNDS`; an :data:`ADDED_OPTIONS` option an older wsseg did not record holds
-    its value from before it existed."""
+    its value from before it existed, a :data:`REMOVED_OPTIONS` option today's lacks the value kept.
+
+    >>> changed_fields({"seed": 0, "prior_source": "labels"}, {"seed": 0})
+    []
+    >>> changed_fields({"seed": 0, "prior_source": "cam"}, {"seed": 0})
+    ['prior_source']
+    """
     return sorted(k for k in set(previous) | set(current) if k not in NOT_IN_ROUNDS
                   and _differs(previous.get(k, _MISSING), current.get(k, _MISSING), k))
 
@@ -494,13 +614,16 @@ def changed_fields(previous: dict, current: dict) -> list[str]:
 def settings_changed(previous: dict, current: BaseModel, path: str, ignore: tuple[str, ...] = ()) -> bool:
     """Whether settings recorded as JSON (a checkpoint's) differ from ``current``'s, the sub-configuration
     at ``path`` of :class:`WSSSConfig` (``"classifier"``; see :data:`ADDED_OPTIONS`), leaving out the
-    fields named in ``ignore`` (e.g. :data:`CAM_READING`).
+    fields named in ``ignore`` (e.g. ``options_with(Scope.CAM_READING, under="classifier")``).
 
     >>> trained = ClassifierConfig().model_dump(mode="json")
-    >>> settings_changed(trained, ClassifierConfig(background_threshold=0.5), "classifier", CAM_READING)
+    >>> reading = options_with(Scope.CAM_READING, under="classifier")
+    >>> settings_changed(trained, ClassifierConfig(background_threshold=0.5), "classifier", reading)
     False
-    >>> settings_changed(trained, ClassifierConfig(epochs=4), "classifier", CAM_READING)
+    >>> settings_changed(trained, ClassifierConfig(epochs=4), "classifier", reading)
     True
+    >>> settings_changed({**trained, "cam_mode": "normalized"}, ClassifierConfig(), "classifier", reading)
+    False
     """
     now = {k: v for k, v in current.model_dump(mode="json").items() if k not in ignore}
     return _differs({k: v for k, v in previous.items() if k not in ignore}, now, path)
@@ -520,8 +643,9 @@ def sampled(limit: int | None, images: int | None) -> int | None:
 
 def in_effect(config: dict, implicit_background: bool) -> dict:
     """A configuration (as JSON) without what acts on nothing in a corpus with or without an
-    implicit background: ``classifier.background_rule`` reads the implicit background's CAM
-    score, so without one another rule changes no result.
+    implicit background: ``classifier.background_rule`` (removed, :data:`REMOVED_OPTIONS`; an older
+    record holds it) read the implicit background's CAM score, so without one another rule changed
+    no result.
 
     >>> in_effect({"classifier": {"epochs": 8, "background_rule": "tag_count"}}, False)
     {'classifier': {'epochs': 8}}
@@ -533,7 +657,7 @@ def in_effect(config: dict, implicit_background: bool) -> dict:
 
 def recorded_config(config: WSSSConfig | dict | None) -> dict | None:
     """A configuration as a run directory records it (config.json): as JSON, without where the work
-    runs (:data:`RUNTIME_ONLY`); a record of an older wsseg that holds it is read so too.
+    runs (:attr:`Scope.RUNTIME`); a record of an older wsseg that holds it is read so too.
 
     >>> recorded_config({"device": "cuda", "seed": 1})
     {'seed': 1}
@@ -543,18 +667,21 @@ def recorded_config(config: WSSSConfig | dict | None) -> dict | None:
     if config is None:
         return None
     data = config.model_dump(mode="json") if isinstance(config, BaseModel) else config
-    return {k: v for k, v in data.items() if k not in RUNTIME_ONLY}
+    return {k: v for k, v in data.items() if k not in options_with(Scope.RUNTIME, under="")}
 
 
 def changed_options(previous: dict, current: dict, prefix: str = "") -> list[tuple[str, Any, Any]]:
     """Each option (dotted) in which configuration ``current`` (as JSON) differs from ``previous``,
     with its value before and now (:data:`NOT_IN_ROUNDS` left out at the top; an
-    :data:`ADDED_OPTIONS` option a record lacks holds its value from before it existed): what a
+    :data:`ADDED_OPTIONS` option a record lacks holds its value from before it existed; a
+    :data:`REMOVED_OPTIONS` option today's lacks shows the value kept, :class:`Removed`): what a
     terminal line names.
 
     >>> changed_options({"classifier": {"epochs": 12, "size": 160}, "seed": 0, "max_rounds": 3},
     ...                 {"classifier": {"epochs": 8, "size": 160}, "seed": 0, "max_rounds": 5})
     [('classifier.epochs', 12, 8)]
+    >>> [(k, a, str(b)) for k, a, b in changed_options({"prior_source": "cam", "mil": {"hidden": 0}}, {"mil": {}})]
+    [('prior_source', 'cam', 'labels (removed)')]
     """
     out = []
     for k in sorted(set(previous) | set(current)):
@@ -565,7 +692,8 @@ def changed_options(previous: dict, current: dict, prefix: str = "") -> list[tup
         if isinstance(a, dict) and isinstance(b, dict):
             out += changed_options(a, b, f"{path}.")
         elif _differs(a, b, path, previous):
-            out.append((path, None if a is _MISSING else a, None if b is _MISSING else b))
+            now = Removed(REMOVED_OPTIONS[path]) if b is _MISSING and path in REMOVED_OPTIONS else b
+            out.append((path, None if a is _MISSING else a, None if now is _MISSING else now))
     return out
 
 
@@ -584,7 +712,8 @@ def config_difference(previous: dict | None, current: WSSSConfig, implicit_backg
     """
     if previous is None:
         return []
-    before, now = in_effect(previous, implicit_background), in_effect(current.model_dump(mode="json"), implicit_background)
+    before = in_effect(with_added_options(previous, removed=True), implicit_background)
+    now = in_effect(current.model_dump(mode="json"), implicit_background)
     if images is not None:
         before, now = ({**c, "train_images": sampled(c.get("train_images"), images)} if "train_images" in c else c
                        for c in (before, now))

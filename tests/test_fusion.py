@@ -18,8 +18,8 @@ def test_pseudo_label_defaults_are_the_configuration_s():
     cfg = ProposalConfig()
     names = {"seed_prior_weight": "prior_weight"}
     params = inspect.signature(pseudo_label).parameters
-    for field in ("t1", "p1", "t2", "p2", "fusion", "k", "threshold", "clustering", "clustering_lo", "clustering_hi",
-                  "seeding", "min_confidence", "beta", "downscale", "seed_prior_weight", "grabcut_iters"):
+    for field in ("t1", "p1", "t2", "p2", "fusion", "k", "threshold", "seeding", "beta", "downscale",
+                  "seed_prior_weight", "grabcut_iters"):
         assert params[names.get(field, field)].default == getattr(cfg, field), field
 
 
@@ -96,15 +96,10 @@ def test_three_way_weights_move_the_split():
     np.testing.assert_array_equal(three_way(x, weights=[1, 100, 100, 1]), [0, 0, 1, 2])
 
 
-def test_three_way_degenerate_and_other_methods():
+def test_three_way_degenerate():
     np.testing.assert_array_equal(three_way(np.zeros(4)), [0, 0, 0, 0])
     np.testing.assert_array_equal(three_way(np.ones(3)), [2, 2, 2])
     np.testing.assert_array_equal(three_way(np.array([0.2, 0.7, 0.2])), [0, 2, 0])
-    x = np.array([0.0, 0.2, 0.5, 0.8, 1.0])
-    np.testing.assert_array_equal(three_way(x, method="threshold", lo=0.3, hi=0.7), [0, 0, 1, 2, 2])
-    np.testing.assert_array_equal(three_way(x, method="quantile", lo=0.2, hi=0.8), [0, 1, 1, 2, 2])
-    with pytest.raises(ValueError, match="kmeans"):
-        three_way(x, method="otsu")
 
 
 def test_seed_map_several_near_object_takes_highest_fused():
@@ -227,19 +222,13 @@ def test_pseudo_label_perfect_preliminary_map_is_returned(seeding):
     assert info["ignore_share"] == 0.0
 
 
-def test_pseudo_label_fallback_and_min_confidence():
+def test_pseudo_label_fallback():
     img, sp_labels, membership, prob, prelim, tags, label_true = _strip_scene()
     prob = prob.copy()
     prob[:, 1] = 0.0  # no positive for class 1 -> its preliminary map is used
     label, info = pseudo_label(img, sp_labels, membership, prob, prelim, tags, **OLD_DEFAULTS)
     assert info["fallback"] == [1] and info["positives"][1] == 0
     np.testing.assert_array_equal(label, label_true)
-    # Requiring confidence 1 leaves only the seeds labelled.
-    img, sp_labels, membership, prob, prelim, tags, label_true = _strip_scene()
-    label, info = pseudo_label(img, sp_labels, membership, prob, prelim, tags, min_confidence=1.0, **OLD_DEFAULTS)
-    seeded = np.isin(sp_labels % 6, [0, 1, 4, 5])
-    np.testing.assert_array_equal(label[seeded], label_true[seeded])
-    assert np.any(label[~seeded] == 255)
 
 
 def test_pseudo_label_single_tag_is_whole_image():

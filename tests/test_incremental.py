@@ -341,8 +341,8 @@ def test_an_older_run_directorys_corpus_reads_and_takes_a_changed_image_as_a_pac
 
 
 def test_refresh_of_a_later_round_first_gives_the_image_its_round_0_label(tmp_path, prefect_harness, one_torch_thread):
-    """Rounds >= 1 mix round 0's pseudo-label into their preliminary result (prior_source
-    'labels', the default): refreshing an image with round 1's models computes its round-0 label
+    """Rounds >= 1 mix round 0's pseudo-label into their preliminary result (since
+    the option prior_source went, always): refreshing an image with round 1's models computes its round-0 label
     first, and both equal what the rounds gave it."""
     from wsseg.flows.wsss import ingest, refresh
     from wsseg.tasks.config import WSSSConfig
@@ -352,7 +352,7 @@ def test_refresh_of_a_later_round_first_gives_the_image_its_round_0_label(tmp_pa
     run = tmp_path / "run"
     ingest(str(src), str(run))
     config = WSSSConfig.model_validate({**TINY, "max_rounds": 2, "stopping": "budget"})
-    assert config.prior_source == "labels" and config.prior_weight > 0
+    assert config.prior_weight > 0
     _train(run, config)
     store = Store(run)
     assert store.finished_rounds() == [0, 1]
@@ -387,59 +387,6 @@ def test_an_option_of_the_later_rounds_keeps_round_0_whole(tmp_path, prefect_har
     assert {name: (run / "rounds" / "r000" / name).stat().st_mtime_ns for name in r0} == r0
     assert (run / "rounds" / "r001" / "round.json").stat().st_mtime_ns != r1
     assert Store(run).finished_rounds() == [0, 1] and [r["round"] for r in again["rounds"] if r["round"] != "cam"] == [0, 1]
-
-    # the background rule reads the implicit background's CAM score; this corpus has none: nothing is computed again
-    marks = {p: p.stat().st_mtime_ns for p in (run / "rounds").rglob("*") if p.is_file() and p.name != "inputs.json"}
-    other = "constant" if config.classifier.background_rule == "tag_count" else "tag_count"
-    capfd.readouterr()
-    _train(run, config.model_copy(update={"prior_weight": 0.3, "classifier": config.classifier.model_copy(
-        update={"background_rule": other})}))
-    said = capfd.readouterr().err
-    assert "differs" not in said and "changed since round" not in said
-    assert {p: p.stat().st_mtime_ns for p in marks} == marks
-
-
-def test_another_background_score_computes_round_0_again_with_the_same_classifier(tmp_path, prefect_harness,
-                                                                                   one_torch_thread, capfd):
-    """How the CAMs are read (tasks.config.CAM_READING: here the background rule on a corpus with an
-    implicit background) is not how the classifier was trained: a run resumed with another rule
-    keeps classifier.pt and computes round 0 again, whose CAM labels then leave more background
-    on the images with two or more object tags and the same on those with one."""
-    from wsseg.flows.wsss import ingest
-    from wsseg.tasks.store import Store
-
-    src = copy_sample(tmp_path / "src", FIRST)
-    rows = (src / "labels.csv").read_text().splitlines()
-    (src / "labels.csv").write_text("\n".join(rows[:1] + [  # grass untagged, the implicit background: 1-2 objects
-        ",".join(r.split(",")[:2] + [";".join(t for t in r.split(",")[2].split(";") if t != "grass")])
-        for r in rows[1:]]) + "\n")
-    run = tmp_path / "run"
-    ingest(str(src), str(run), background="grass")
-    config = _config()
-    config = config.model_copy(update={"classifier": config.classifier.model_copy(update={"background_rule": "constant"})})
-    _train(run, config)
-    store = Store(run)
-    classes = store.classes()
-    stamp = (run / "classifier.pt").stat().st_mtime_ns
-    before = {r.image_id: store.pseudo(0, r.image_id, "cam") for r in store.manifest("train")}
-    capfd.readouterr()
-    rule = config.model_copy(update={"classifier": config.classifier.model_copy(update={"background_rule": "tag_count"})})
-    _train(run, rule)
-    said = capfd.readouterr().err
-    assert "training again" not in said and (run / "classifier.pt").stat().st_mtime_ns == stamp
-    assert "differs in: classifier" in said
-    more = same = 0
-    for rec in store.manifest("train"):
-        objects = sum(t != classes.names[classes.background] for t in rec.tags)
-        after = store.pseudo(0, rec.image_id, "cam")
-        bg_before, bg_after = np.mean(before[rec.image_id] == classes.background), np.mean(after == classes.background)
-        if objects >= 2:
-            assert bg_after >= bg_before
-            more += bg_after > bg_before
-        else:
-            assert bg_after == bg_before
-            same += 1
-    assert more >= 1
 
 
 def test_another_stopping_rule_decides_the_finished_rounds_again(tmp_path, prefect_harness, one_torch_thread, capfd):

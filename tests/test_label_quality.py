@@ -160,7 +160,7 @@ def test_foreground_label_averages_the_evidence_and_shares_the_foreground_among_
 
 # ---------------------------------------------------------------------------- stopping
 def test_stopping_decisions_known_by_construction():
-    cfg = WSSSConfig(max_rounds=4, epsilon=0.02, stopping="auto")
+    cfg = WSSSConfig(max_rounds=4, epsilon=0.02, stopping="oscillation")
     # round 1 sends 0.06 of its 0.10 changed pixels back: oscillation, round 0 is final
     d = decide(cfg, 1, 0.10, 0.06)
     assert d.stop and d.final_round == 0 and d.reverted == pytest.approx(0.6) and "oscillation" in d.reason
@@ -176,21 +176,10 @@ def test_stopping_decisions_known_by_construction():
     assert not decide(cfg, 0, 1.0, 0.0).stop  # round 0 has nothing to go back to
     budget = WSSSConfig(max_rounds=4, stopping="budget")
     assert not decide(budget, 1, 0.10, 0.09).stop
-    # tag coverage: a round whose labels give the tagged classes less room than the round before
+    # the coverage is recorded, and no rule reads it
     d = decide(cfg, 2, 0.10, 0.01, coverage=-1.64, previous_coverage=-1.56)
-    assert d.stop and d.final_round == 1 and not d.converged and "tag coverage fell" in d.reason
-    assert d.record()["tag_coverage"] == -1.64 and "-1.640 < -1.560" in d.reason
-    assert "tag share 0.194 < 0.210" in d.reason  # exp(-1.64), exp(-1.56): the shares a person reads
-    assert not decide(cfg, 2, 0.10, 0.01, coverage=-1.29, previous_coverage=-1.31).stop  # rose: go on
-    assert not decide(cfg, 0, 1.0, 0.0, coverage=-3.0, previous_coverage=None).stop
-    assert not decide(cfg, 2, 0.10, 0.01, coverage=None, previous_coverage=-1.0).stop  # an older round: no rule
-    # oscillation is checked first; "oscillation" alone and "budget" ignore the coverage
-    assert "oscillation" in decide(cfg, 1, 0.10, 0.06, coverage=-2.0, previous_coverage=-1.0).reason
-    assert not decide(WSSSConfig(max_rounds=4, stopping="oscillation"), 2, 0.1, 0.01, -2.0, -1.0).stop
+    assert not d.stop and d.record()["tag_coverage"] == -1.64
     assert not decide(budget, 2, 0.1, 0.09, -2.0, -1.0).stop
-    # off where objects trade pixels with an implicit background (coco128's round 2 shrinks them rightly)
-    assert not decide(cfg, 2, 0.10, 0.01, -2.97, -2.84, implicit_background=True).stop
-
 
 # ---------------------------------------------------------------------------- end to end
 def _artifact(key: str) -> str:

@@ -180,31 +180,32 @@ def test_the_pretrained_option_is_the_users_and_weights_are_not():
 
 def test_an_option_an_older_wsseg_did_not_record_is_no_change_while_it_keeps_its_default():
     """A run directory computed before wsseg had ``classifier.cam_centring`` (its recorded configuration
-    lacks the key; the option is in ADDED_OPTIONS at 1.0): today's default is no reason to recompute its
-    rounds or retrain its classifier, and the start-up message names no field; the option set to another
-    value is a change, and so is a missing option that is not neutral."""
+    lacks the key; the option is in ADDED_OPTIONS at 1.0, and in REMOVED_OPTIONS at 1.0, the value kept):
+    no reason to recompute its rounds or retrain its classifier, and the start-up message names no field;
+    a record holding another value is a change, and so is a missing option that is not neutral."""
     from wsseg.tasks.config import settings_changed
 
     classes = ClassSpec(("cow", "grass"))
     recs = [ImageRecord("a", 4, 4, ("cow",), "0" * 64, "train", "a.jpg", False)]
     cfg = WSSSConfig()
+    # a record of just before the options were removed, without cam_centring, holding the others as kept
+    older = {"cam_mode": "auto", "cam_temperature": 1.0, "background_rule": "tag_count"}
     old = resume.round_inputs(classes, recs, cfg)
-    del old["config"]["classifier"]["cam_centring"]
-    old_settings = cfg.classifier.model_dump(mode="json")
-    del old_settings["cam_centring"]
-    old_config = cfg.model_dump(mode="json")
-    del old_config["classifier"]["cam_centring"]
+    old["config"]["classifier"] |= older
+    old["config"]["prior_source"] = "labels"
+    old_settings = cfg.classifier.model_dump(mode="json") | older
+    old_config = cfg.model_dump(mode="json") | {"prior_source": "labels"}
+    old_config["classifier"] |= older
+    assert resume.what_changed(resume.round_view(old, 1), resume.round_view(resume.round_inputs(classes, recs, cfg), 1)) == []
     assert resume.what_changed(old, resume.round_inputs(classes, recs, cfg)) == []
     assert not settings_changed(old_settings, cfg.classifier, "classifier")
     assert config_difference(old_config, cfg) == []
-    other = cfg.model_copy(update={"classifier": cfg.classifier.model_copy(update={"cam_centring": 0.5})})
-    assert resume.what_changed(old, resume.round_inputs(classes, recs, other)) == [
+    half = {"classifier": {**old_config["classifier"], "cam_centring": 0.5}}
+    assert resume.what_changed({**old, "config": {**old["config"], **half}}, resume.round_inputs(classes, recs, cfg)) == [
         "the configuration (differs in: classifier)"]
-    assert settings_changed(old_settings, other.classifier, "classifier")
-    assert config_difference(old_config, other) == ["classifier"]
-    # a value recorded and changed is a change as before; a field only today's dict has and no default
-    # knows (a key inside a free options dict) is one too
-    assert settings_changed(cfg.classifier.model_dump(mode="json"), other.classifier, "classifier")
+    assert settings_changed(half["classifier"], cfg.classifier, "classifier")
+    assert config_difference({**old_config, **half}, cfg) == ["classifier"]
+    # a key inside a free options dict that only today's dict has is a change
     opts = cfg.model_copy(update={"segmentation": cfg.segmentation.model_copy(update={"options": {"width": 16}})})
     assert config_difference(cfg.model_dump(mode="json"), opts) == ["segmentation"]
     # an option that changed results when it came (the pretrained encoder, against `small` before it) is
@@ -216,13 +217,12 @@ def test_an_option_an_older_wsseg_did_not_record_is_no_change_while_it_keeps_its
     del old_rounds["config"]["classifier"]["encoder"]
     assert resume.what_changed(old_rounds, resume.round_inputs(classes, recs, cfg)) == [
         "the configuration (differs in: classifier)"]
-    # an option whose default changed results when it came (prior_source: 'cam' before, 'labels' its
-    # default) reads as its old value: a record without it is recomputed at today's default and
-    # resumed with the old value asked for
-    no_prior = cfg.model_dump(mode="json")
-    del no_prior["prior_source"]
-    assert cfg.prior_source == "labels" and config_difference(no_prior, cfg) == ["prior_source"]
-    assert config_difference(no_prior, cfg.model_copy(update={"prior_source": "cam"})) == []
+    # an option both added and removed whose value before it came is not the one kept (prior_source:
+    # 'cam' before it came, 'labels' kept): a record of before it is recomputed, one holding 'labels' is not
+    no_prior = {k: v for k, v in old_config.items() if k != "prior_source"}
+    assert config_difference(no_prior, cfg) == ["prior_source"]
+    assert config_difference({**no_prior, "prior_source": "labels"}, cfg) == []
+    assert config_difference({**no_prior, "prior_source": "cam"}, cfg) == ["prior_source"]
 
 
 def test_the_names_known_without_torch_are_the_registry():

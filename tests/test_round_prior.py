@@ -1,4 +1,4 @@
-"""What the rounds >= 1 keep of round 0 (``prior_source``): its pseudo-labels as a prior, mixed
+"""What the rounds >= 1 keep of round 0: its pseudo-labels as a prior, mixed
 with model r-1's probabilities; answers known by construction."""
 from __future__ import annotations
 
@@ -38,23 +38,13 @@ def test_an_unsure_model_keeps_round_0s_label_and_a_sure_one_overrides_it():
 def test_the_default_prior_is_round_0s_labels_and_a_missing_one_names_the_image(tmp_path):
     from wsseg.tasks.store import ClassSpec, ImageRecord, Store
 
-    assert WSSSConfig().prior_source == "labels"
     store = Store(tmp_path / "run")
     classes = ClassSpec(("grass", "cow", "sky"))
     rec = ImageRecord("a", 2, 3, ("grass", "cow"), "0" * 64, "train", "a.jpg", False)
     store.write_pseudo(0, "a", np.array([[0, 0, 1], [1, 1, 1]], np.uint8))
-    p = round0_prior(store, rec, classes, WSSSConfig())
+    p = round0_prior(store, rec, classes)
     assert p.shape == (3, 2, 3) and p[:, 0, 0].tolist() == [0.75, 0.25, 0.0] and p[:, 1, 2].tolist() == [0.25, 0.75, 0.0]
     missing = ImageRecord("b", 2, 3, ("grass",), "1" * 64, "train", "b.jpg", False)
-    with pytest.raises(FileNotFoundError, match=r"no round 0 pseudo-label of b \(prior_source 'labels' needs it\)"):
-        round0_prior(store, missing, classes, WSSSConfig())
+    with pytest.raises(FileNotFoundError, match=r"no round 0 pseudo-label of b \(the rounds >= 1 keep it as their prior\)"):
+        round0_prior(store, missing, classes)
 
-
-def test_the_ablation_puts_the_cam_prior_back():
-    from wsseg.tasks.bench.ablation import ablation_variants, apply_overrides
-
-    v = ablation_variants(WSSSConfig())["round_prior_cam"]
-    assert v["overrides"] == {"prior_source": "cam"} and v["from_round"] == 1
-    assert apply_overrides(WSSSConfig(), v["overrides"]).prior_source == "cam"
-    assert "round_prior_labels" in ablation_variants(WSSSConfig(prior_source="cam"))
-    assert not any(k.startswith("round_prior") for k in ablation_variants(WSSSConfig(prior_weight=0.0)))

@@ -146,7 +146,7 @@ def _in_memory_mil(store, records, key, cfg):
         tags.append(classes.tag_vector(rec.tags))
         areas.append(f.sp_areas)
     res = mil.refine(feats, prelims, tags, areas, iterations=cfg.iterations, prior_weight=cfg.prior_weight,
-                     hidden=cfg.hidden, min_share=cfg.min_share, negatives=cfg.negatives_in(0), epochs=cfg.epochs,
+                     negatives=True, epochs=cfg.epochs,
                      lr=cfg.lr, seed=0)
     return res, feats, prelims, tags
 
@@ -159,7 +159,7 @@ def _fresh(store, kind):
 
 def test_mil_under_the_cap_is_the_in_memory_computation_and_over_it_bounded(corpus, one_torch_thread):
     store, records, key = corpus
-    cfg = MILConfig(iterations=2, epochs=4, min_share=0.15)  # the claim streamed too (an option, off by default)
+    cfg = MILConfig(iterations=2, epochs=4)
     ref, feats, prelims, tags = _in_memory_mil(store, records, key, cfg)
     total = sum(len(x) for x in feats)
 
@@ -189,7 +189,7 @@ def test_mil_under_the_cap_is_the_in_memory_computation_and_over_it_bounded(corp
 def test_proposal_classifier_under_the_cap_is_in_memory_and_over_it_bounded(corpus, one_torch_thread):
     store, records, key = corpus
     classes = store.classes()
-    cfg = ProposalConfig(epochs=4, mil_iterations=1)
+    cfg = ProposalConfig(epochs=4)
     _fresh(store, "mil")  # no MIL model: targets from the preliminary result alone
     feats, targets, tags = [], [], []
     for rec in records:
@@ -199,16 +199,8 @@ def test_proposal_classifier_under_the_cap_is_in_memory_and_over_it_bounded(corp
         feats.append(proposal_inputs(f))
         targets.append(pc.proposal_targets(f.membership, sp_prob, f.sp_areas, allowed, sharpen=cfg.target_sharpen))
         tags.append(allowed)
-    kw = dict(hidden=cfg.hidden, epochs=cfg.epochs, lr=cfg.lr, negatives=cfg.negatives)
-    model, _ = pc.train_proposal_classifier(feats, targets, tags, seed=0, **kw)
-    retarget = []
-    for rec, x, allowed in zip(records, feats, tags):  # the multiple-instance pass, as in memory
-        f = load_features(store, rec, key)
-        sp_prob = pc.sp_evidence(f, store.prelim(0, rec.image_id, classes.n), allowed, None, 0.3)
-        mixed = pc.combine_evidence(sp_prob, pc.superpixel_scores(pc.predict_proposals(model, x, allowed),
-                                                                  f.membership), allowed, weight=cfg.evidence_weight)
-        retarget.append(pc.proposal_targets(f.membership, mixed, f.sp_areas, allowed, sharpen=cfg.target_sharpen))
-    ref, ref_losses = pc.train_proposal_classifier(feats, retarget, tags, seed=1000, **kw)
+    kw = dict(hidden=cfg.hidden, epochs=cfg.epochs, lr=cfg.lr, negatives=True)
+    ref, ref_losses = pc.train_proposal_classifier(feats, targets, tags, seed=0, **kw)
     total = sum(len(x) for x in feats)
 
     _fresh(store, "proposal_classifier")

@@ -84,7 +84,7 @@ def test_superpixels_real_image_connected_and_contiguous(method):
     assert np.array_equal(np.unique(labels), np.arange(n))
     # every superpixel is one 4-connected piece: as many components as labels
     assert cc_label(labels + 1, background=0, connectivity=1).max() == n
-    if method in ("slico", "skimage_slic"):
+    if method == "slico":
         target = image.shape[0] * image.shape[1] / 16**2
         assert 0.5 * target <= n <= 1.5 * target
 

@@ -297,27 +297,6 @@ def test_centred_class_maps_ignore_offsets_and_untagged_classes():
     np.testing.assert_allclose(cam_to_prob_centered(shifted, allowed), p, atol=1e-6)
 
 
-def test_full_centring_hands_a_large_class_s_pixels_to_a_small_class_s_halo_and_partial_centring_does_not():
-    """A large class (16 of 20 columns at 2.0) beside a small one (4 columns at 2.0, and a halo of
-    1.2 over the large class's last 4 columns: context its classifier learnt). Subtracting each whole
-    image mean (1.6 and 0.64) gives the halo to the small class (0.4 < 0.56); half of it keeps the
-    halo the large class's (1.2 > 0.88); none is the plain softmax of the maps."""
-    from wsseg.tasks.wsss.pipeline import cam_to_prob_centered
-
-    yy, xx = np.mgrid[0:10, 0:20]
-    large = (xx < 16) * 2.0
-    small = (xx >= 16) * 2.0 + ((xx >= 12) & (xx < 16)) * 1.2
-    maps = np.stack([large, small]).astype(np.float32)
-    allowed = np.array([True, True])
-    halo, inside = (xx >= 12) & (xx < 16), xx >= 16
-    full = cam_to_prob_centered(maps, allowed).argmax(0)
-    half = cam_to_prob_centered(maps, allowed, centring=0.5).argmax(0)
-    assert (full[halo] == 1).all() and (full[inside] == 1).all() and (full[xx < 12] == 0).all()
-    assert (half[halo] == 0).all() and (half[inside] == 1).all() and (half[xx < 12] == 0).all()
-    raw = np.exp(maps - maps.max(0))
-    np.testing.assert_allclose(cam_to_prob_centered(maps, allowed, centring=0.0), raw / raw.sum(0), atol=1e-6)
-
-
 def test_balanced_class_weights_favour_small_classes_within_a_cap():
     w = tr.balanced_class_weights([900, 100, 0, 1], power=0.5, max_ratio=10.0)
     assert w[2] == 0.0  # a class with no pixels has nothing to weigh
@@ -338,12 +317,12 @@ def test_balanced_class_weights_favour_small_classes_within_a_cap():
     assert float(loss(logits, torch.tensor([[[0, 1]]]))) > float(tr.segmentation_loss()(logits, torch.tensor([[[0, 1]]])))
 
 
-def test_tag_count_background_rule_raises_the_background_score_with_the_object_tags():
+def test_the_background_score_rises_with_the_object_tags():
     """Background (0) and three object classes. Each object map is max-normalised to 1 at its own
-    pixel and 0.5 on a background pixel: with a constant score 0.36 the background pixel goes to an
-    object; under ``tag_count`` the score is 0.36 with one tag, 0.6 with two, 0.36 ** (1/3) ~ 0.71
-    with three, so the background pixel stays background at 2 and 3 tags while each peak still
-    goes to its class; one tag gives the same probabilities under both rules."""
+    pixel and 0.5 on a background pixel: a constant score 0.36 would give the background pixel to
+    an object; raised with the object tags the score is 0.36 with one tag, 0.6 with two, 0.36 **
+    (1/3) ~ 0.71 with three, so the background pixel stays background at 2 and 3 tags while each
+    peak still goes to its class."""
     from wsseg.tasks.wsss.pipeline import background_score, cam_to_prob
 
     cams = np.zeros((4, 1, 4), np.float32)
@@ -352,16 +331,11 @@ def test_tag_count_background_rule_raises_the_background_score_with_the_object_t
         cams[c, 0, c - 1] = 1.0                       # each class's peak
     for n in (2, 3):
         allowed = np.array([True] + [c <= n for c in (1, 2, 3)])
-        const = cam_to_prob(cams, allowed, 0, 0.36).argmax(0).ravel()
-        rule = cam_to_prob(cams, allowed, 0, 0.36, "tag_count").argmax(0).ravel()
-        assert const[3] != 0 and rule[3] == 0
+        rule = cam_to_prob(cams, allowed, 0, 0.36).argmax(0).ravel()
+        assert rule[3] == 0 and 0.5 > 0.36            # a constant 0.36 loses the background pixel
         assert rule[:n].tolist() == list(range(1, n + 1))
-    one = np.array([True, True, False, False])
-    np.testing.assert_allclose(cam_to_prob(cams, one, 0, 0.36, "tag_count"), cam_to_prob(cams, one, 0, 0.36))
-    assert background_score(0.36, "tag_count", 3) == pytest.approx(0.36 ** (1 / 3))
-    assert background_score(0.36, "tag_count", 0) == pytest.approx(0.36)
-    with pytest.raises(ValueError, match="background rule"):
-        background_score(0.36, "by_area", 2)
+    assert background_score(0.36, 3) == pytest.approx(0.36 ** (1 / 3))
+    assert background_score(0.36, 1) == background_score(0.36, 0) == 0.36
 
 
 def test_max_normalize_lets_every_tagged_class_win_where_it_peaks():

@@ -16,14 +16,9 @@ from typing import Any
 from wsseg.tasks.config import WSSSConfig
 
 __all__ = ["ablation_variants", "apply_overrides", "check_overrides", "choose_variants", "skip_reason",
-           "shares_round0", "field_exists", "IOU_FILTER", "CLUSTER_LO", "CLUSTER_HI"]
-
-# Names of the config fields that would make the 3-way clustering's lo/hi configurable; the
-# "no_3way" variant runs only when WSSSConfig has them (see ablation_variants).
-CLUSTER_LO, CLUSTER_HI = "proposals.clustering_lo", "proposals.clustering_hi"
+           "shares_round0", "field_exists", "IOU_FILTER"]
 
 IOU_FILTER = {"proposals.t1": 0.3, "proposals.p1": 0.5}  # the filter's settings when the variant turns it on
-MIL_CLAIM = 0.15  # the MIL's least share when the variant turns it on (the default until 2026-12-05)
 CLASS_BALANCE = 0.5  # the rounds' segmenters' class weights when the variant turns them on (until 2026-12-05)
 
 
@@ -77,45 +72,19 @@ def ablation_variants(config: WSSSConfig) -> dict[str, dict]:
         "fusion_" + ("threshold" if p.fusion == "topk" else "topk"): {
             "what": f"fusion {'threshold' if p.fusion == 'topk' else 'top-k'} instead of {p.fusion}",
             "overrides": {"proposals.fusion": "threshold" if p.fusion == "topk" else "topk"}},
-        "no_3way": {"what": "3-way clustering off (quantile split at the median: nothing ambiguous)",
-                    "overrides": {"proposals.clustering": "quantile", CLUSTER_LO: 0.5, CLUSTER_HI: 0.5 + 1e-6}},
     }
     if config.mil.iterations > 0:
         out["no_mil"] = {"what": "superpixel MIL refinement off (the preliminary result goes to step 3 as it is)",
                          "overrides": {"mil.iterations": 0}}
-    if config.mil.iterations > 0 and config.mil.min_share > 0:
-        out["no_mil_claim"] = {"what": "MIL targets by plain argmax (tagged classes claim no least area)",
-                               "overrides": {"mil.min_share": 0.0}}
-    elif config.mil.iterations > 0:  # off by default since it measured better: the variant turns it on
-        out["mil_claim"] = {"what": f"MIL targets: every tagged class claims at least {MIL_CLAIM:.0%} of its image "
-                                    "instead of the plain argmax", "overrides": {"mil.min_share": MIL_CLAIM}}
     if config.mil.iterations > 0 and config.mil.prior_weight > 0:
         out["no_mil_prior"] = {"what": "MIL mixtures without the preliminary result (the superpixel classifier "
                                        "alone reassigns)", "overrides": {"mil.prior_weight": 0.0}}
-    if config.mil.iterations > 0:
-        for mode, what in (("off", "MIL softmax over the tags only in training (no negatives from untagged classes)"),
-                           ("first_round", "MIL negatives (softmax over every class) in round 0 only"),
-                           ("all_rounds", "MIL negatives (softmax over every class) in every round")):
-            if mode != config.mil.negatives:
-                # first_round and all_rounds differ only from round 1 on
-                late = {mode, config.mil.negatives} == {"first_round", "all_rounds"}
-                out[f"mil_negatives_{mode}"] = {"what": f"{what} instead of {config.mil.negatives}",
-                                                "overrides": {"mil.negatives": mode}, "from_round": int(late)}
-    out["proposals_" + ("tags_only" if p.negatives else "negatives")] = {
-        "what": ("proposal classifier trained over the tags only" if p.negatives
-                 else "proposal classifier trained over every class (untagged = negative)"),
-        "overrides": {"proposals.negatives": not p.negatives}}
     if p.seed_prior_weight > 0:
         out["no_seed_prior"] = {"what": "seeded segmentation without the evidence prior (colour and seeds alone)",
                                 "overrides": {"proposals.seed_prior_weight": 0.0}}
     if config.prior_weight > 0 and config.max_rounds > 1:
         out["no_round_prior"] = {"what": "rounds >= 1 use model r-1 alone as the preliminary result (no round-0 prior)",
                                  "overrides": {"prior_weight": 0.0}, "from_round": 1}
-        kept = {"cam": "preliminary result (CAMs)", "labels": "pseudo-labels"}
-        other = "cam" if config.prior_source == "labels" else "labels"
-        out[f"round_prior_{other}"] = {
-            "what": f"rounds >= 1 keep round 0's {kept[other]} instead of its {kept[config.prior_source]}",
-            "overrides": {"prior_source": other}, "from_round": 1}
     if config.prelim_normalize and config.max_rounds > 1:
         out["no_prelim_normalize"] = {"what": "rounds >= 1 take model r-1's probabilities as they are (no per-class "
                                               "max normalisation)",
@@ -127,12 +96,6 @@ def ablation_variants(config: WSSSConfig) -> dict[str, dict]:
         out["class_balance"] = {"what": f"the rounds' segmenters' cross-entropy weighted by class rarity (share ** "
                                         f"-{CLASS_BALANCE})",
                                 "overrides": {"segmentation.rounds_class_balance": CLASS_BALANCE}, "from_round": 1}
-    rule = config.classifier.background_rule
-    other_rule = "constant" if rule == "tag_count" else "tag_count"
-    out[f"background_{other_rule}"] = {
-        "what": f"implicit background's CAM score {other_rule.replace('_', ' ')} instead of {rule.replace('_', ' ')} "
-                "(the same classifier; no effect without an implicit background)",
-        "overrides": {"classifier.background_rule": other_rule}}
     for s in ("grabcut", "random_walker", "none"):
         if s != p.seeding:
             out[f"seeding_{s}"] = {"what": f"seeded segmentation {s} instead of {p.seeding}",
@@ -140,16 +103,14 @@ def ablation_variants(config: WSSSConfig) -> dict[str, dict]:
     if config.segmentation.use_edges:
         out["no_edges"] = {"what": "edge-feature channel off (3-channel segmenter)",
                            "overrides": {"segmentation.use_edges": False}, "from_round": 1}
-    for m in ("skimage_slic", "felzenszwalb"):
+    for m in ("slico", "felzenszwalb"):
         if m != f.superpixel_method:
             out[f"superpixel_{m}"] = {"what": f"superpixels {m} instead of {f.superpixel_method}",
                                       "overrides": {"features.superpixel_method": m}}
     for v in out.values():
         missing = [k for k in v["overrides"] if not field_exists(WSSSConfig, k)]
         if missing:
-            v["skip"] = (f"WSSSConfig has no field {', '.join(missing)} (three_way's lo/hi are not configurable)"
-                         if any(k in (CLUSTER_LO, CLUSTER_HI) for k in missing)
-                         else f"WSSSConfig has no field {', '.join(missing)}")
+            v["skip"] = f"WSSSConfig has no field {', '.join(missing)}"
     return out
 
 

@@ -417,7 +417,7 @@ def plain_loop(store, records: Sequence, config, seed: int | None = None) -> dic
                     with clock("pseudo_labels.proposal_scores"):
                         pprob = predict_proposals(clf, proposal_inputs(f), allowed)
                     with clock("pseudo_labels.mil_evidence"):
-                        prelim = pl.pseudo_evidence(f, prelim, pprob, allowed, mil_model, pc, config.mil.prior_weight)
+                        prelim = pl.pseudo_evidence(f, prelim, allowed, mil_model, config.mil.prior_weight)
                     label, _ = pl.make_pseudo_label(image, f, pprob, prelim, classes, rec.tags, pc, seed)
                 hashes[rec.image_id] = _label_hash(label)
     finally:

@@ -21,8 +21,8 @@ from __future__ import annotations
 
 from typing import Sequence
 
-from wsseg.tasks.config import (DECISION_ONLY, sampled, FINAL_MODEL_ONLY, FROM_ROUND_1, MODEL_ONLY, NOT_IN_ROUNDS, WSSSConfig,
-                          changed_fields, in_effect, with_added_options)
+from wsseg.tasks.config import (NOT_IN_ROUNDS, Scope, WSSSConfig, changed_fields, in_effect, options_with, sampled,
+                                with_added_options)
 from wsseg.tasks.store import ClassSpec, ImageRecord, corpus_hash
 
 
@@ -58,13 +58,14 @@ def round_inputs(classes: ClassSpec, records: Sequence[ImageRecord] | dict, conf
 
 
 def round_view(inputs: dict | None, r: int, part: str = "model") -> dict | None:
-    """The part of round ``r``'s inputs (:func:`round_inputs`) that its ``part`` depends on:
-    ``"model"``, the round as a whole (its labels, model and stopping decision), ``"labels"``,
-    its pseudo-labels alone (without :data:`tasks.config.MODEL_ONLY`), ``"computed"``, its
-    labels and model without the rule of its decision (:data:`tasks.config.DECISION_ONLY`), which
-    its record lets be taken again, or ``"round_model"``, the round as a round that is not the
-    last (without :data:`tasks.config.FINAL_MODEL_ONLY`, which its own segmenter does not read).
-    Round 0 depends on no part of :data:`tasks.config.FROM_ROUND_1`.
+    """The part of round ``r``'s inputs (:func:`round_inputs`) that its ``part`` depends on, by the
+    scopes of :data:`tasks.config.OPTIONS`: ``"model"``, the round as a whole (its labels, model and
+    stopping decision), ``"labels"``, its pseudo-labels alone (without the options of scope MODEL and
+    DECISION), ``"computed"``, its labels and model without the rule of its decision (DECISION),
+    which its record lets be taken again, or ``"round_model"``, the round as a round that is not the
+    last (without FINAL_MODEL, which its own segmenter does not read). Round 0 depends on no option
+    of scope FROM_ROUND_1. A record written before options were removed first gets the value it
+    was computed with of those it lacks (:func:`tasks.config.with_added_options`).
 
     >>> inputs = {"config": {"seed": 0, "segmentation": {"epochs": 3}, "prior_weight": 0.5, "epsilon": 0.02}}
     >>> round_view(inputs, 0)["config"], round_view(inputs, 1, "labels")["config"]
@@ -75,24 +76,27 @@ def round_view(inputs: dict | None, r: int, part: str = "model") -> dict | None:
     >>> round_view(weighted, 1, "round_model")["config"]["segmentation"]
     {'epochs': 3, 'rounds_class_balance': 0.5, 'rounds_boundary_ignore': 0}
 
-    ``classifier.background_rule`` counts only on a corpus with an implicit background:
+    ``classifier.background_rule`` (removed; an older record holds it) counted only on a corpus with
+    an implicit background:
 
-    >>> rule = {"config": {"classifier": {"epochs": 8, "background_rule": "tag_count"}}}
+    >>> rule = {"config": {"classifier": {"epochs": 8, "background_rule": "constant", "cam_mode": "auto"}}}
     >>> round_view(rule | {"classes": {"background": None}}, 0)["config"]
-    {'classifier': {'epochs': 8}}
-    >>> round_view(rule | {"classes": {"background": "background"}}, 0)["config"]
-    {'classifier': {'epochs': 8, 'background_rule': 'tag_count'}}
+    {'classifier': {'epochs': 8, 'cam_mode': 'auto', 'cam_centring': 1.0}}
+    >>> round_view(rule | {"classes": {"background": "background"}}, 0)["config"]["classifier"]["background_rule"]
+    'constant'
     """
     if inputs is None:
         return None
     if part not in ("model", "labels", "computed", "round_model"):
         raise ValueError(f"part must be 'model', 'labels', 'computed' or 'round_model', got {part!r}")
-    left_out = ((FROM_ROUND_1 if r == 0 else ()) + (MODEL_ONLY if part == "labels" else ())
-                + (DECISION_ONLY if part == "computed" else ()))
-    config = {k: v for k, v in (inputs.get("config") or {}).items() if k not in left_out}
+    left_out = ((options_with(Scope.FROM_ROUND_1, under="") if r == 0 else ())
+                + (options_with(Scope.MODEL, Scope.DECISION, under="") if part == "labels" else ())
+                + (options_with(Scope.DECISION, under="") if part == "computed" else ()))
+    config = {k: v for k, v in with_added_options(inputs.get("config") or {}, removed=True).items()
+              if k not in left_out}
     if part == "round_model":  # an older record's added options first: rounds_class_balance reads class_balance
         config = with_added_options(config)
-        for path in FINAL_MODEL_ONLY:
+        for path in options_with(Scope.FINAL_MODEL):
             head, _, leaf = path.partition(".")
             if isinstance(config.get(head), dict):
                 config[head] = {k: v for k, v in config[head].items() if k != leaf}

@@ -81,7 +81,7 @@ def export_round(store: Store, which: str | int) -> int:
 
 def config_digest(store: Store) -> str | None:
     """A short digest of the run's configuration (config.json), which names what made the labels;
-    where the work ran is no part of it (:data:`tasks.config.RUNTIME_ONLY`, an older record's too)."""
+    where the work ran is no part of it (scope RUNTIME of :data:`tasks.config.OPTIONS`, an older record's too)."""
     from wsseg.tasks.config import recorded_config
 
     config = recorded_config(store.read_config())

@@ -31,7 +31,7 @@ def _refresh_state(store: Store, config: dict, finished: list[int], summary: dic
     finished round was computed (class list, corpus, configuration: `wsseg train` recomputes);
     ``refresh_pending``: images of its split without its pseudo-label (`wsseg refresh` labels
     them), looked up only when the corpus changed since the round."""
-    from wsseg.tasks.config import WSSSConfig
+    from wsseg.tasks.config import WSSSConfig, without_removed
     from wsseg.tasks.corpus.resume import round_inputs, round_view, what_changed
     from wsseg.tasks.labels.corrections import corrections_entry
     from wsseg.tasks.store import corpus_hash
@@ -41,7 +41,7 @@ def _refresh_state(store: Store, config: dict, finished: list[int], summary: dic
         return out
     r = finished[-1]
     try:
-        cfg = WSSSConfig.model_validate(config)
+        cfg = WSSSConfig.model_validate(without_removed(config))
     except ValueError:
         return out
     split = (summary or {}).get("splits", {}).get(cfg.split)

@@ -9,7 +9,7 @@ from typing import Callable
 import numpy as np
 
 from wsseg.tasks.common import training as tr
-from wsseg.tasks.config import CAM_READING, ClassifierConfig, settings_changed
+from wsseg.tasks.config import ClassifierConfig, Scope, options_with, settings_changed
 from wsseg.tasks.corpus.resume import what_changed
 from wsseg.tasks.runtime.progress import Progress
 from wsseg.tasks.store import ClassSpec, ImageRecord, Store, build_network
@@ -59,10 +59,11 @@ def classifier_builder(cfg: ClassifierConfig) -> tuple[str, dict]:
 def classifier_changes(meta: dict, cfg: ClassifierConfig, inputs: dict | None) -> list[str]:
     """What differs between a trained classifier's checkpoint metadata ``meta`` and the settings
     ``cfg`` and ``inputs`` (:func:`tasks.corpus.resume.classifier_inputs`) of now, one phrase each;
-    empty when it is kept. How its maps are read (:data:`tasks.config.CAM_READING`) is not how it
-    was trained: those settings keep it."""
+    empty when it is kept. How its maps are read (scope CAM_READING of :data:`tasks.config.OPTIONS`)
+    is not how it was trained: those settings keep it."""
     wanted = cfg.model_dump(mode="json")
-    return ((["its settings"] if settings_changed(meta.get("config", wanted), cfg, "classifier", CAM_READING)
+    reading = options_with(Scope.CAM_READING, under="classifier")
+    return ((["its settings"] if settings_changed(meta.get("config", wanted), cfg, "classifier", reading)
              else []) + (what_changed(meta.get("inputs"), inputs) if inputs is not None else []))
 
 
@@ -98,7 +99,8 @@ def train_image_classifier(store: Store, records: list[ImageRecord], cfg: Classi
                           max_seconds=cfg.max_seconds, patience=cfg.epochs, num_workers=1)
     prog = Progress("classifier", cfg.epochs, "epochs")
     result = tr.fit(model, ds, tr.multilabel_loss, tcfg, checkpoint=state,
-                    resume_key={"config": {k: v for k, v in wanted.items() if k not in CAM_READING},
+                    resume_key={"config": {k: v for k, v in wanted.items()
+                                           if k not in options_with(Scope.CAM_READING, under="classifier")},
                                 "inputs": inputs, "classes": list(classes.names)},
                     log=(lambda m, step: log({f"classifier_{k}": v for k, v in m.items()}, step)) if log else None,
                     progress=lambda s: prog.advance(1, s.split(" ", 2)[-1]))

@@ -36,7 +36,6 @@ __all__ = [
 NEAR_BACKGROUND, AMBIGUOUS, NEAR_OBJECT = 0, 1, 2
 
 FUSION_MODES = ("topk", "threshold")
-CLUSTERING_METHODS = ("kmeans", "quantile", "threshold")
 SEEDING_METHODS = ("random_walker", "grabcut", "nearest", "none")
 _GRABCUT_MIN_SEEDS = 25
 
@@ -114,13 +113,6 @@ def fuse_class(membership, prob_c, positive_c, *, mode="topk", k=5, threshold=0.
     return np.clip(fused, 0.0, 1.0).astype(np.float32)
 
 
-def _weighted_quantile(values, weights, q):
-    order = np.argsort(values, kind="stable")
-    v, w = values[order], weights[order]
-    cum = np.cumsum(w) / w.sum()
-    return v[np.minimum(np.searchsorted(cum, q, side="left"), v.size - 1)]
-
-
 def _segment_costs(s0, s1, s2, i, j):
     """Weighted within-cluster sum of squares of sorted values i..j-1."""
     mass = s0[j] - s0[i]
@@ -170,8 +162,12 @@ def _kmeans3_1d(x, w, max_distinct=1024):
     return upper[a[ia, 0] - 1], upper[b[0, ib] - 1]
 
 
-def three_way(values, *, weights=None, method="kmeans", lo=0.3, hi=0.7, seed=0):
-    """Split a fused map into near-background, ambiguous and near-object zones.
+def three_way(values, *, weights=None):
+    """Split a fused map into near-background, ambiguous and near-object zones: weighted 1-D
+    k-means with k = 3, solved exactly (the global optimum over all splits of the sorted values
+    into three runs, not Lloyd iterations that depend on a start); zones are the clusters ordered
+    by centre. (Cuts at fixed values or quantiles were removed with the option
+    ``proposals.clustering``, see docs/benchmarks.md#defaults-and-why.)
 
     Parameters
     ----------
@@ -180,17 +176,6 @@ def three_way(values, *, weights=None, method="kmeans", lo=0.3, hi=0.7, seed=0):
     weights : (S,) float array, optional
         Non-negative weight of each value, e.g. the superpixel areas, so that
         k-means clusters pixels rather than superpixels. Default: all ones.
-    method : {'kmeans', 'quantile', 'threshold'}, optional
-        ``'kmeans'``: weighted 1-D k-means with k = 3, solved exactly (the
-        global optimum over all splits of the sorted values into three runs,
-        not Lloyd iterations that depend on a start); zones are the clusters
-        ordered by centre. ``'threshold'``: ``values <= lo`` -> 0,
-        ``values >= hi`` -> 2, the rest 1. ``'quantile'``: the same with
-        `lo` and `hi` read as weighted quantile levels of `values`.
-    lo, hi : float, optional
-        Thresholds (or quantile levels) for the non-k-means methods, lo < hi.
-    seed : int, optional
-        Accepted for a uniform signature; every method is deterministic.
 
     Returns
     -------
@@ -221,22 +206,8 @@ def three_way(values, *, weights=None, method="kmeans", lo=0.3, hi=0.7, seed=0):
             f"weights must be non-negative with the shape of values {x.shape}, got "
             f"{w.shape}."
         )
-    if method not in CLUSTERING_METHODS:
-        raise ValueError(f"method must be one of {CLUSTERING_METHODS}, got {method!r}.")
     zones = np.full(x.shape, AMBIGUOUS, dtype=np.int8)
     if x.size == 0:
-        return zones
-
-    if method in ("threshold", "quantile"):
-        if not lo < hi:
-            raise ValueError(f"need lo < hi, got lo={lo}, hi={hi}.")
-        if method == "quantile":
-            if not 0 <= lo < hi <= 1:
-                raise ValueError(f"quantile levels must satisfy 0 <= lo < hi <= 1, got {lo}, {hi}.")
-            ww = w if w.sum() > 0 else np.ones_like(w)
-            lo, hi = _weighted_quantile(x, ww, lo), _weighted_quantile(x, ww, hi)
-        zones[x <= lo] = NEAR_BACKGROUND
-        zones[x >= hi] = NEAR_OBJECT  # wins when the quantiles coincide
         return zones
 
     distinct = np.unique(x)
@@ -642,11 +613,7 @@ def pseudo_label(
     fusion="threshold",
     k=5,
     threshold=0.5,
-    clustering="kmeans",
-    clustering_lo=0.3,
-    clustering_hi=0.7,
     seeding="grabcut",
-    min_confidence=0.0,
     beta=130.0,
     downscale=2,
     seed=0,
@@ -668,8 +635,7 @@ def pseudo_label(
        that class;
     4. seeds by :func:`seed_map` (background seeds only with `background`);
     5. :func:`seeded_segmentation` decides the unseeded pixels;
-    6. seed labels become dataset class indices; undecided pixels and those
-       with confidence < `min_confidence` become 255.
+    6. seed labels become dataset class indices; undecided pixels become 255.
 
     Parameters
     ----------
@@ -692,12 +658,8 @@ def pseudo_label(
         Filtering thresholds (:func:`tasks.wsss.filtering.filter_proposals`).
     fusion, k, threshold
         :func:`fuse_class` options.
-    clustering : str
-        :func:`three_way` method; ``clustering_lo``, ``clustering_hi`` are its lo, hi.
     seeding : str
         :func:`seeded_segmentation` method.
-    min_confidence : float, optional
-        Pixels whose seeded-segmentation confidence is lower become 255.
     beta, downscale, grabcut_iters
         :func:`seeded_segmentation` options.
     seed : int, optional
@@ -785,8 +747,7 @@ def pseudo_label(
         else:
             info["fallback"].append(int(c))
             fused[:, j] = counts[:, c] / safe_areas
-        zones[:, j] = three_way(fused[:, j], weights=areas, method=clustering, lo=clustering_lo,
-                                hi=clustering_hi, seed=seed)
+        zones[:, j] = three_way(fused[:, j], weights=areas)
 
     # 4. seeds
     bg_seed = n_obj + 1 if background is not None else None
@@ -799,7 +760,7 @@ def pseudo_label(
     if prior_weight > 0:
         rows = list(classes) + ([int(background)] if background is not None else [])
         prior = prelim[rows]
-    seg, confidence = seeded_segmentation(
+    seg, _ = seeded_segmentation(
         image, seeds, method=seeding, beta=beta, downscale=downscale, seed=seed,
         prior=prior, prior_weight=prior_weight, grabcut_iters=grabcut_iters,
     )
@@ -810,6 +771,5 @@ def pseudo_label(
     if background is not None:
         lut[n_obj + 1] = int(background)
     label = lut[seg]
-    label[confidence < min_confidence] = 255
     info["ignore_share"] = float(np.count_nonzero(label == 255) / label.size)
     return label, info

@@ -10,9 +10,10 @@ result (so the localisation cue is never forgotten), repeat.
 
 Measured on msrc21 train (276 images, CAM 0.420 mIoU, MLP 256): 8 iterations with a 0.3
 preliminary weight reach 0.454; without the mixing 0.448; from uniform (tags only) 0.344. From
-a 0.387 CAM, 6 iterations: logistic regression (``hidden=0``, the default) 0.429 in about 10 s,
-the MLP 0.417 in 116 s; a linear model generalises across the corpus where the MLP fits each
-image's CAM mistakes.
+a 0.387 CAM, 6 iterations: logistic regression 0.429 in about 10 s, the MLP 0.417 in 116 s; a
+linear model generalises across the corpus where the MLP fits each image's CAM mistakes, and is
+the MIL's model (the MLP was removed with the option ``mil.hidden``, see
+docs/benchmarks.md#defaults-and-why).
 """
 from __future__ import annotations
 
@@ -41,38 +42,6 @@ def hard_targets(evidence: np.ndarray, allowed: np.ndarray) -> np.ndarray:
     return out
 
 
-def claim_targets(targets: np.ndarray, evidence: np.ndarray, allowed: np.ndarray, areas: np.ndarray,
-                  min_share: float) -> np.ndarray:
-    """Give every allowed class at least ``min_share`` of the image area in the (S, K) one-hot
-    ``targets``: a tag says the class is there, so a class the argmax leaves (nearly) empty takes
-    the superpixels where its evidence is highest relative to the winner's, beginning with the
-    class that has least. A superpixel claimed this way is not taken again by another class.
-
-    The MIL constraint of a positive bag (at least one positive instance), stated as area: without
-    it a class that always appears beside a stronger one (aeroplane beside building and sky) is
-    never a training target and the classifier never learns it."""
-    if min_share <= 0 or not len(targets):
-        return targets
-    if not (targets.shape == evidence.shape and areas.shape == (len(targets),) and allowed.shape == (targets.shape[1],)):
-        raise ValueError(f"targets {targets.shape}, evidence {evidence.shape}, areas {areas.shape} and allowed "
-                         f"{allowed.shape} do not match")
-    label = targets.argmax(1)
-    locked = np.zeros(len(label), bool)
-    relative = evidence / np.maximum(evidence.max(1, keepdims=True), 1e-12)
-    held = np.bincount(label, weights=areas, minlength=len(allowed))
-    for c in sorted(np.flatnonzero(allowed), key=lambda c: held[c]):
-        need = min_share * float(areas.sum()) - float(areas[label == c].sum())  # earlier claims may have taken some
-        if need <= 0:
-            continue
-        order = np.argsort(-relative[:, c], kind="stable")
-        free = order[(label[order] != c) & ~locked[order]]
-        take = free[:np.searchsorted(np.cumsum(areas[free]), need) + 1]  # up to the one that covers the need
-        label[take], locked[take] = c, True
-    out = np.zeros_like(targets)
-    out[np.arange(len(label)), label] = 1.0
-    return out
-
-
 @dataclass
 class MILResult:
     model: ProposalMLP | None
@@ -81,8 +50,7 @@ class MILResult:
 
 
 def refine(features: list[np.ndarray], prelim: list[np.ndarray], allowed: list[np.ndarray],
-           areas: list[np.ndarray], *, iterations: int = 8, prior_weight: float = 0.3, hidden: int = 256,
-           min_share: float = 0.0, negatives: bool = False,
+           areas: list[np.ndarray], *, iterations: int = 8, prior_weight: float = 0.3, negatives: bool = False,
            epochs: int = 10, lr: float = 3e-3, batch_size: int = 2048, seed: int = 0,
            progress: Callable[[int, float, float], None] | None = None,
            trusted: list[bool] | None = None) -> MILResult:
@@ -94,14 +62,12 @@ def refine(features: list[np.ndarray], prelim: list[np.ndarray], allowed: list[n
     prelim : per image (S_i, K) preliminary class probabilities pooled per superpixel
     allowed : per image (K,) bool, the classes that may be present
     areas : per image (S_i,) superpixel pixel counts (the training weights)
-    min_share : each tagged class's least share of its image's area in the training targets
-        (:func:`claim_targets`); 0 = plain argmax
     negatives : train each class against every other class, untagged ones included (the negative
         bags; see :func:`~tasks.wsss.proposal_classifier.train_proposal_classifier`)
 
     progress : called after each iteration with (iteration, changed share, loss)
     trusted : per image, whether its ``prelim`` is a person's correction: its targets stay the
-        correction's (no reassignment, no claimed share)
+        correction's (no reassignment)
 
     Returns the last iteration's classifier (None when ``iterations`` is 0); use
     :func:`evidence` to apply it.
@@ -112,19 +78,16 @@ def refine(features: list[np.ndarray], prelim: list[np.ndarray], allowed: list[n
         if not (len(x) == len(p) == len(a)):
             raise ValueError(f"image {i}: {len(x)} feature rows, {len(p)} prelim rows, {len(a)} areas")
 
-    def targets(ev: np.ndarray, t: np.ndarray, a: np.ndarray) -> np.ndarray:
-        return claim_targets(hard_targets(ev, t), ev, t, a, min_share)
-
     trusted = trusted or [False] * len(features)
-    labels = [hard_targets(p, t) if k else targets(p, t, a) for p, t, a, k in zip(prelim, allowed, areas, trusted)]
+    labels = [hard_targets(p, t) for p, t in zip(prelim, allowed)]
     model, changed, losses = None, [], []
     total_area = float(sum(a.sum() for a in areas))
     for it in range(iterations):
-        model, hist = train_proposal_classifier(features, labels, allowed, hidden=hidden, epochs=epochs, lr=lr,
+        model, hist = train_proposal_classifier(features, labels, allowed, hidden=0, epochs=epochs, lr=lr,
                                                 batch_size=batch_size, seed=seed + it, weights=areas,
                                                 negatives=negatives)
         losses.append(hist[-1])
-        new = [old if k else targets(evidence(model, x, p, t, prior_weight), t, a)
+        new = [old if k else hard_targets(evidence(model, x, p, t, prior_weight), t)
                for x, p, t, a, k, old in zip(features, prelim, allowed, areas, trusted, labels)]
         moved = sum(float(a[(n != o).any(1)].sum()) for n, o, a in zip(new, labels, areas))
         changed.append(moved / max(total_area, 1.0))
@@ -134,8 +97,8 @@ def refine(features: list[np.ndarray], prelim: list[np.ndarray], allowed: list[n
     return MILResult(model, changed, losses)
 
 
-def refine_streamed(rows: RowBuffer, *, iterations: int = 8, prior_weight: float = 0.3, hidden: int = 256,
-                    min_share: float = 0.0, negatives: bool = False, epochs: int = 10, lr: float = 3e-3,
+def refine_streamed(rows: RowBuffer, *, iterations: int = 8, prior_weight: float = 0.3,
+                    negatives: bool = False, epochs: int = 10, lr: float = 3e-3,
                     batch_size: int = 2048, seed: int = 0,
                     progress: Callable[[int, float, float], None] | None = None) -> MILResult:
     """:func:`refine` on superpixels that are on disk (a :class:`~tasks.wsss.streaming.RowBuffer` past
@@ -148,24 +111,19 @@ def refine_streamed(rows: RowBuffer, *, iterations: int = 8, prior_weight: float
     if rows.resident or not rows.pieces:
         raise ValueError("refine_streamed needs rows on disk; refine takes rows in memory")
 
-    def targets(ev: np.ndarray, t: np.ndarray, a: np.ndarray) -> np.ndarray:
-        return claim_targets(hard_targets(ev, t), ev, t, a, min_share)
-
     # a trusted image (per-image field ``trusted``: a person's correction) keeps its first targets
     fields = ["trusted"] if "trusted" in rows.image_fields else []
     total_area = 0.0
     for i in range(len(rows.pieces)):
-        with rows.chunk([i], ["p", "a", "tags"] + fields) as c:
-            kept = c["trusted"] if fields else np.zeros(len(c["tags"]), bool)
-            y = np.concatenate([hard_targets(p, t) if k else targets(p, t, a)
-                                for p, t, a, k in zip(split_images(c, "p"), c["tags"], split_images(c, "a"), kept)])
+        with rows.chunk([i], ["p", "a", "tags"]) as c:
+            y = np.concatenate([hard_targets(p, t) for p, t in zip(split_images(c, "p"), c["tags"])])
             total_area += float(c["a"].sum())
         rows.write(i, "y", y)
         del y
     moments = {"x": rows.moments("x"), "a": rows.moments("a")}  # the same every iteration
     model, changed, losses = None, [], []
     for it in range(iterations):
-        model, hist = train_streamed(rows, x="x", y="y", weight="a", hidden=hidden, epochs=epochs, lr=lr,
+        model, hist = train_streamed(rows, x="x", y="y", weight="a", hidden=0, epochs=epochs, lr=lr,
                                      batch_size=batch_size, seed=seed + it, negatives=negatives, moments=moments)
         losses.append(hist[-1])
         moved = 0.0
@@ -175,7 +133,7 @@ def refine_streamed(rows: RowBuffer, *, iterations: int = 8, prior_weight: float
                 kept = c["trusted"] if fields else np.zeros(len(c["tags"]), bool)
                 for x, p, t, a, old, k in zip(split_images(c, "x"), split_images(c, "p"), c["tags"],
                                               split_images(c, "a"), split_images(c, "y"), kept):
-                    new.append(old if k else targets(evidence(model, x, p, t, prior_weight), t, a))
+                    new.append(old if k else hard_targets(evidence(model, x, p, t, prior_weight), t))
                     moved += float(a[(new[-1] != old).any(1)].sum())
             rows.write(i, "y", np.concatenate(new))
             del new
@@ -207,8 +165,11 @@ def train_round(store: Store, r: int, records: list[ImageRecord], feature_key: s
         if log is not None:
             log({"mil_changed_share": changed, "mil_loss": loss}, i)
 
-    kw = dict(iterations=cfg.iterations, prior_weight=cfg.prior_weight, hidden=cfg.hidden, min_share=cfg.min_share,
-              negatives=cfg.negatives_in(r), epochs=cfg.epochs, lr=cfg.lr, seed=seed + r, progress=report)
+    # negatives (softmax over every class in training: a superpixel is a negative for each class its
+    # image is not tagged with) in round 0 only: they help from the CAMs and cost from a segmenter's
+    # result, see docs/benchmarks.md#refresh-round-parts
+    kw = dict(iterations=cfg.iterations, prior_weight=cfg.prior_weight, negatives=r == 0, epochs=cfg.epochs,
+              lr=cfg.lr, seed=seed + r, progress=report)
     corrected = store.corrections().keys()  # their preliminary result is the correction: trusted targets
     with RowBuffer(cfg.max_samples, budget=budget) as rows:
         for rec in records:

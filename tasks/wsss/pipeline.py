@@ -27,8 +27,7 @@ from wsseg.tasks.wsss import foreground as fg
 from wsseg.tasks.wsss import superpixels as spx
 from wsseg.tasks.wsss.feature_cache import ImageFeatures, compute_features, load_edges, load_features, proposal_inputs
 from wsseg.tasks.wsss.fusion import pseudo_label
-from wsseg.tasks.wsss.proposal_classifier import (combine_evidence, predict_proposals, round_mil_model, sp_evidence,
-                                            superpixel_scores)
+from wsseg.tasks.wsss.proposal_classifier import predict_proposals, round_mil_model, sp_evidence, superpixel_scores
 
 def restrict(prob: np.ndarray, allowed: np.ndarray, eps: float = 1e-6) -> np.ndarray:
     """(K, H, W) probabilities renormalised over the ``allowed`` classes (zero elsewhere).
@@ -89,34 +88,32 @@ class ClassifierGate:
         return gate_probs(prob, tr.image_class_probs(self.model, image, scales=self.scales), self.object_classes)
 
 
-def background_score(threshold: float, rule: str, object_tags: int) -> float:
-    """The implicit background's CAM score on an image with ``object_tags`` object tags
-    (:attr:`tasks.config.ClassifierConfig.background_rule`): ``threshold``, or under ``tag_count``
+def background_score(threshold: float, object_tags: int) -> float:
+    """The implicit background's CAM score on an image with ``object_tags`` object tags:
     ``threshold ** (1 / n)``, the score the strongest of n independent uniform maps stays below
-    as often as one map stays below ``threshold``.
+    as often as one map stays below ``threshold`` (so the chance that a background pixel stays
+    background is the same at every tag count; a constant score lost to it, see
+    docs/benchmarks.md#defaults-and-why).
 
-    >>> background_score(0.36, "tag_count", 2), background_score(0.36, "constant", 2)
+    >>> background_score(0.36, 2), background_score(0.36, 1)
     (0.6, 0.36)
     """
-    if rule not in ("constant", "tag_count"):
-        raise ValueError(f"background rule must be 'constant' or 'tag_count', got {rule!r}")
-    return float(threshold ** (1.0 / max(object_tags, 1))) if rule == "tag_count" else float(threshold)
+    return float(threshold ** (1.0 / max(object_tags, 1)))
 
 
 def cam_to_prob(cams: np.ndarray, allowed: np.ndarray, background: int | None,
-                background_threshold: float, rule: str = "constant") -> np.ndarray:
+                background_threshold: float) -> np.ndarray:
     """Turn (K, H, W) CAMs in [0, 1] into probabilities over the allowed classes; the implicit
-    background class, when there is one, scores ``background_threshold`` (under ``rule``
-    ``tag_count`` raised with the image's object tags, :func:`background_score`)."""
+    background class, when there is one, scores ``background_threshold`` raised with the image's
+    object tags (:func:`background_score`)."""
     c = cams.copy()
     if background is not None:
         n_objects = int(np.count_nonzero(allowed)) - int(bool(allowed[background]))
-        c[background] = background_score(background_threshold, rule, n_objects)
+        c[background] = background_score(background_threshold, n_objects)
     return restrict(c, allowed)
 
 
-def cam_to_prob_centered(class_maps: np.ndarray, allowed: np.ndarray, temperature: float = 1.0,
-                         centring: float = 1.0) -> np.ndarray:
+def cam_to_prob_centered(class_maps: np.ndarray, allowed: np.ndarray) -> np.ndarray:
     """Probabilities over the allowed classes from raw (K, H, W) class maps (logit units): each
     class map minus its own image mean, softmax over the allowed classes.
 
@@ -125,8 +122,8 @@ def cam_to_prob_centered(class_maps: np.ndarray, allowed: np.ndarray, temperatur
     confident the image-level score is. Measured on msrc21 train (276 images, one classifier):
     0.420 mIoU against 0.383 for max-normalised ReLU CAMs and 0.406 for the uncentred maps.
     """
-    c = class_maps - centring * class_maps.reshape(len(class_maps), -1).mean(1)[:, None, None]
-    c = np.where(allowed[:, None, None], c / max(temperature, 1e-6), -np.inf)
+    c = class_maps - class_maps.reshape(len(class_maps), -1).mean(1)[:, None, None]
+    c = np.where(allowed[:, None, None], c, -np.inf)
     c = np.exp(c - c.max(0, keepdims=True))
     return (c / c.sum(0, keepdims=True)).astype(np.float32)
 
@@ -143,12 +140,6 @@ def max_normalize(prob: np.ndarray, allowed: np.ndarray) -> np.ndarray:
     return restrict(prob / np.maximum(peak, 1e-6)[:, None, None], allowed)
 
 
-def cam_mode(mode: str, background: int | None) -> str:
-    """``auto``: centred class maps when every pixel belongs to a tag (no implicit background),
-    max-normalised CAMs against a constant background score otherwise."""
-    return ("centered" if background is None else "normalized") if mode == "auto" else mode
-
-
 def labels_from_prob(prob: np.ndarray) -> np.ndarray:
     return prob.argmax(0).astype(np.uint8)
 
@@ -163,9 +154,7 @@ def make_pseudo_label(image: np.ndarray, feat: ImageFeatures, proposal_prob: np.
     return pseudo_label(
         image, feat.superpixels, feat.membership, proposal_prob, prelim, object_tags,
         background=classes.background, t1=cfg.t1, p1=cfg.p1, t2=cfg.t2, p2=cfg.p2,
-        fusion=cfg.fusion, k=cfg.k, threshold=cfg.threshold, clustering=cfg.clustering,
-        clustering_lo=cfg.clustering_lo, clustering_hi=cfg.clustering_hi,
-        seeding=cfg.seeding, min_confidence=cfg.min_confidence, beta=cfg.beta,
+        fusion=cfg.fusion, k=cfg.k, threshold=cfg.threshold, seeding=cfg.seeding, beta=cfg.beta,
         downscale=cfg.downscale, seed=seed, prior_weight=cfg.seed_prior_weight,
         grabcut_iters=cfg.grabcut_iters)
 
@@ -173,13 +162,15 @@ def make_pseudo_label(image: np.ndarray, feat: ImageFeatures, proposal_prob: np.
 def cam_probs(model: torch.nn.Module, state: dict, image: np.ndarray, allowed: np.ndarray, classes: ClassSpec,
               cfg: ClassifierConfig) -> np.ndarray:
     """Step 1, round 0: (K, H, W) probabilities over the allowed classes from the image
-    classifier's class maps (centred or max-normalised, see :func:`cam_mode`)."""
+    classifier's class maps: centred class maps (:func:`cam_to_prob_centered`) when every pixel
+    belongs to a tag (no implicit background), else max-normalised CAMs against the implicit
+    background's score (:func:`cam_to_prob`)."""
     obj = state["meta"]["object_classes"]
     cams = np.zeros((classes.n,) + image.shape[:2], np.float32)
-    centered = cam_mode(cfg.cam_mode, classes.background) == "centered"
+    centered = classes.background is None
     cams[obj] = tr.class_activation_maps(model, image, scales=tuple(cfg.cam_scales), raw=centered)
-    return cam_to_prob_centered(cams, allowed, cfg.cam_temperature, cfg.cam_centring) if centered else \
-        cam_to_prob(cams, allowed, classes.background, cfg.background_threshold, cfg.background_rule)
+    return cam_to_prob_centered(cams, allowed) if centered else \
+        cam_to_prob(cams, allowed, classes.background, cfg.background_threshold)
 
 
 def label_prior(label: np.ndarray, allowed: np.ndarray, n_classes: int, hold: float = 0.5) -> np.ndarray:
@@ -279,16 +270,15 @@ def foreground_on(store: Store, config: WSSSConfig) -> tuple[bool, dict]:
     return fg.foreground_active(stats, config.foreground.mode), stats
 
 
-def round0_prior(store: Store, rec: ImageRecord, classes: ClassSpec, config: WSSSConfig) -> np.ndarray:
-    """(K, H, W) what rounds >= 1 keep of round 0 for one image (``config.prior_source``): round 0's
-    preliminary result, or its pseudo-label as :func:`label_prior`."""
-    if config.prior_source == "labels":
-        label = store.pseudo(0, rec.image_id)
-        if label is None:
-            raise FileNotFoundError(f"{store.round_dir(0)}: no round 0 pseudo-label of {rec.image_id} "
-                                    "(prior_source 'labels' needs it)")
-        return label_prior(label, classes.tag_vector(rec.tags), classes.n)
-    return store.prelim(0, rec.image_id, classes.n)
+def round0_prior(store: Store, rec: ImageRecord, classes: ClassSpec) -> np.ndarray:
+    """(K, H, W) what rounds >= 1 keep of round 0 for one image: its pseudo-label as
+    :func:`label_prior` (round 0's labels kept the rare classes a segmenter forgets better than
+    its preliminary result did, see docs/benchmarks.md#the-rounds-keep-round-0s-labels)."""
+    label = store.pseudo(0, rec.image_id)
+    if label is None:
+        raise FileNotFoundError(f"{store.round_dir(0)}: no round 0 pseudo-label of {rec.image_id} "
+                                "(the rounds >= 1 keep it as their prior)")
+    return label_prior(label, classes.tag_vector(rec.tags), classes.n)
 
 
 def preliminary_image(store: Store, rec: ImageRecord, r: int, model: torch.nn.Module, state: dict, classes: ClassSpec,
@@ -310,7 +300,7 @@ def preliminary_image(store: Store, rec: ImageRecord, r: int, model: torch.nn.Mo
             prob = fg.foreground_probs(saliency, prob, allowed, classes.background)
     else:
         edges = load_edges(store, rec, key) if state["in_channels"] == 4 else None
-        prior = round0_prior(store, rec, classes, config) if config.prior_weight > 0 else None
+        prior = round0_prior(store, rec, classes) if config.prior_weight > 0 else None
         prob = model_prelim_probs(model, image, edges, allowed, config, prior)
     if rec.image_id in corrected:
         prob = corrected_prelim(store.correction(rec.image_id), prob, allowed)
@@ -318,28 +308,19 @@ def preliminary_image(store: Store, rec: ImageRecord, r: int, model: torch.nn.Mo
     store.write_prelim(r, rec.image_id, prob[idx], idx)
 
 
-def pseudo_evidence(f: ImageFeatures, prelim: np.ndarray, prob: np.ndarray, allowed: np.ndarray, mil_model,
-                    cfg: ProposalConfig, mil_weight: float = 0.0) -> np.ndarray:
+def pseudo_evidence(f: ImageFeatures, prelim: np.ndarray, allowed: np.ndarray, mil_model,
+                    mil_weight: float = 0.0) -> np.ndarray:
     """The (K, H, W) evidence fusion starts from: the preliminary result refined by the round's
-    MIL classifier (when it has one), mixed with the proposal scores per superpixel when
-    ``cfg.evidence == "combined"``."""
-    sp_prelim = None
+    MIL classifier (when it has one)."""
     if mil_model is not None:
-        sp_prelim = sp_evidence(f, prelim, allowed, mil_model, mil_weight)
-        prelim = spx.paint(sp_prelim, f.superpixels)
-    if cfg.evidence == "combined":
-        if sp_prelim is None:
-            sp_prelim = spx.pool(prelim, f.superpixels, n=len(f.sp_areas), channel_axis=0)
-        mixed = combine_evidence(sp_prelim, superpixel_scores(prob, f.membership), allowed,
-                                 weight=cfg.evidence_weight)
-        prelim = spx.paint(mixed, f.superpixels)
+        prelim = spx.paint(sp_evidence(f, prelim, allowed, mil_model, mil_weight), f.superpixels)
     return prelim
 
 
 def foreground_pseudo_label(image: np.ndarray, f: ImageFeatures, prelim: np.ndarray, prob: np.ndarray,
                             allowed: np.ndarray, classes: ClassSpec, mil_model, cfg: ForegroundConfig, seed: int,
                             mil_weight: float = 0.0) -> np.ndarray:
-    """Steps 5-7 on the foreground path (``foreground.grabcut``): GrabCut of the whole image from
+    """Steps 5-7 on the foreground path: GrabCut of the whole image from
     the mean foreground probability of the preliminary result, the MIL evidence (when the round
     has a MIL classifier) and the proposal scores (:func:`tasks.wsss.foreground.foreground_label`)."""
     evidence = [prelim]
@@ -354,13 +335,13 @@ def image_pseudo_label(image: np.ndarray, f: ImageFeatures, prelim: np.ndarray, 
                        classes: ClassSpec, tags: tuple[str, ...], cfg: ProposalConfig, seed: int,
                        mil_weight: float = 0.0, foreground: ForegroundConfig | None = None) -> np.ndarray:
     """Steps 3 and 5-7 for one image, without the store: proposal scores, then the foreground
-    path's GrabCut (``foreground`` given, with ``grabcut`` on) or the evidence, filtering,
-    fusion, 3-way clustering and seeded segmentation."""
+    path's GrabCut (``foreground`` given) or the evidence, filtering, fusion, 3-way clustering
+    and seeded segmentation."""
     prob = predict_proposals(clf, proposal_inputs(f), allowed)
-    if foreground is not None and foreground.grabcut and classes.background is not None:
+    if foreground is not None and classes.background is not None:
         return foreground_pseudo_label(image, f, prelim, prob, allowed, classes, mil_model, foreground, seed,
                                        mil_weight)
-    prelim = pseudo_evidence(f, prelim, prob, allowed, mil_model, cfg, mil_weight)
+    prelim = pseudo_evidence(f, prelim, allowed, mil_model, mil_weight)
     label, _ = make_pseudo_label(image, f, prob, prelim, classes, tags, cfg, seed)
     return label
 

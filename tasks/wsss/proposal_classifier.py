@@ -274,12 +274,6 @@ def train_round(store: Store, r: int, records: list[ImageRecord], feature_key: s
                          f"from {len(rows.pieces)} pieces in {rows.folder}")
         targets = rows.lists("y") if rows.resident else None
         model, losses = _fit(rows, targets, cfg, seed + r)
-        for it in range(cfg.mil_iterations):
-            # multiple-instance refinement: targets from the mixture of the preliminary result and
-            # the classifier's own multi-scale superpixel scores, then retrain
-            targets = _retarget(store, r, records, feature_key, rows, model, mil_model, mil_prior_weight, cfg,
-                                corrected)
-            model, losses = _fit(rows, targets, cfg, seed + r + 1000 * (it + 1))
         prog.message(f"trained on {rows.n_rows} proposals, loss {losses[0]:.3f} -> {losses[-1]:.3f}")
     store.write_classifier("proposal_classifier", r, model, losses=[float(v) for v in losses])
 
@@ -288,43 +282,10 @@ def _fit(rows: RowBuffer, targets: list[np.ndarray] | None, cfg: ProposalConfig,
          seed: int) -> tuple[ProposalMLP, list[float]]:
     """The proposal classifier on ``rows``: in memory on ``targets`` (resident rows), else streamed
     on the row field ``y``."""
-    kw = dict(hidden=cfg.hidden, epochs=cfg.epochs, lr=cfg.lr, seed=seed, negatives=cfg.negatives)
+    # over every class: an untagged class is a negative for the image's proposals (prediction is
+    # restricted to the tags either way); the later rounds gained, see docs/benchmarks.md#refresh-round-parts
+    kw = dict(hidden=cfg.hidden, epochs=cfg.epochs, lr=cfg.lr, seed=seed, negatives=True)
     if rows.resident:
         return train_proposal_classifier(rows.lists("x"), targets, rows.lists("tags"), **kw)
     return train_streamed(rows, **kw)
 
-
-def _image_targets(store: Store, r: int, rec: ImageRecord, feature_key: str, x: np.ndarray, allowed: np.ndarray,
-                   model: ProposalMLP, mil_model: ProposalMLP | None, mil_prior_weight: float,
-                   cfg: ProposalConfig, n_classes: int, trusted: bool = False) -> np.ndarray:
-    """(P, K) targets of one image from the preliminary evidence mixed with ``model``'s
-    superpixel scores (read again from the store: nothing per image is kept between passes);
-    a ``trusted`` image's (a person's correction) from its preliminary result alone."""
-    f = load_features(store, rec, feature_key)
-    if trusted:
-        sp_prob = spx.pool(store.prelim(r, rec.image_id, n_classes), f.superpixels, n=len(f.sp_areas), channel_axis=0)
-        return proposal_targets(f.membership, sp_prob, f.sp_areas, allowed, sharpen=cfg.target_sharpen)
-    sp_prob = sp_evidence(f, store.prelim(r, rec.image_id, n_classes), allowed, mil_model, mil_prior_weight)
-    sp_clf = superpixel_scores(predict_proposals(model, x, allowed), f.membership)
-    mixed = combine_evidence(sp_prob, sp_clf, allowed, weight=cfg.evidence_weight)
-    return proposal_targets(f.membership, mixed, f.sp_areas, allowed, sharpen=cfg.target_sharpen)
-
-
-def _retarget(store: Store, r: int, records: list[ImageRecord], feature_key: str, rows: RowBuffer,
-              model: ProposalMLP, mil_model: ProposalMLP | None, mil_prior_weight: float,
-              cfg: ProposalConfig, corrected=()) -> list[np.ndarray] | None:
-    """Every image's new targets (:func:`_image_targets`; those of ``corrected`` images from their
-    corrections): returned as a list for rows in memory, written into the pieces (row field
-    ``y``) for rows on disk."""
-    n = store.classes().n
-    if rows.resident:
-        return [_image_targets(store, r, rec, feature_key, x, t, model, mil_model, mil_prior_weight, cfg, n,
-                               rec.image_id in corrected)
-                for rec, x, t in zip(records, rows.lists("x"), rows.lists("tags"))]
-    for i in range(len(rows.pieces)):
-        with rows.chunk([i], ["x", "tags"]) as c:
-            new = [_image_targets(store, r, records[j], feature_key, x, t, model, mil_model, mil_prior_weight, cfg, n,
-                                  records[j].image_id in corrected)
-                   for j, x, t in zip(c["image_index"], split_images(c, "x"), c["tags"])]
-        rows.write(i, "y", np.concatenate(new))
-    return None

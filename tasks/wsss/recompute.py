@@ -14,7 +14,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Sequence
 
-from wsseg.tasks.config import CAM_READING, WSSSConfig, changed_options, recorded_config
+from wsseg.tasks.config import Scope, WSSSConfig, changed_options, options_with, recorded_config
 from wsseg.tasks.corpus import resume
 from wsseg.tasks.labels.corrections import corrections_entry
 from wsseg.tasks.store import ImageRecord, Store
@@ -92,8 +92,7 @@ def budget_retrains(store: Store, r: int, config: WSSSConfig, done: dict | None)
     """Whether the round budget of ``config`` trains finished round ``r``'s model again: the budget
     moved its decision (:func:`tasks.wsss.stopping.budget_moved`) and the last round's recipe differs
     from a round's (the full-budget final model, from round 1 on)."""
-    return bool(done) and stopping.budget_moved(done, r, config) and r > 0 \
-        and config.segmentation.final_model == "full_budget" and store.has_checkpoint("segmenter", r)
+    return bool(done) and stopping.budget_moved(done, r, config) and r > 0 and store.has_checkpoint("segmenter", r)
 
 
 # ---------------------------------------------------------------------------- before a command starts
@@ -148,7 +147,7 @@ def options_discard(store: Store, config: WSSSConfig, records: Sequence[ImageRec
         if classifier_changes(meta, config.classifier, inputs) and not _data_changed(meta.get("inputs"), inputs):
             now = config.classifier.model_dump(mode="json")
             options = [o for o in changed_options({"classifier": meta.get("config", now)}, {"classifier": now})
-                       if o[0].split(".")[-1] not in CAM_READING]
+                       if o[0].split(".")[-1] not in options_with(Scope.CAM_READING, under="classifier")]
             options += changed_options((meta.get("inputs") or {}).get("config") or {}, inputs["config"])
             out.append(Discard("classifier", None, tuple(options)))
     inputs = resume.round_inputs(classes, corpus, config, corrections_entry(store, records))

@@ -4,9 +4,9 @@ or retagged since it was computed) with that round's models, without training an
 A refreshed image gets what the round itself would have given it: its features (superpixels,
 edge map, proposals), the preliminary result of the round's network (the image classifier's
 CAMs for round 0, round r-1's segmenter after that, restricted to the image's tags and mixed
-with what the rounds keep of round 0: its preliminary result, and with ``prior_source`` 'labels'
-its pseudo-label, computed first where the image has none), then the round's MIL and proposal
-classifiers, fusion, clustering and seeded segmentation. Its arrays go into the round's own ``prelim`` and ``pseudo`` arrays, where
+with what the rounds keep of round 0: its pseudo-label, computed first where the image has none,
+from its preliminary result), then the round's MIL and proposal classifiers, fusion, clustering
+and seeded segmentation. Its arrays go into the round's own ``prelim`` and ``pseudo`` arrays, where
 ``wsseg evaluate`` and ``wsseg status`` find them; the round's models, metrics and the arrays
 of every other image are left as they are.
 """
@@ -72,10 +72,8 @@ def refresh_shard(run_dir: str, ids: list[str], round_index: int, key: str, conf
         seconds["features"] = time.perf_counter() - t
         t = time.perf_counter()
         # 1. preliminary result by the round's network; a later round that mixes in round 0
-        # (prior_weight) needs round 0's preliminary result first, and with prior_source 'labels'
-        # round 0's pseudo-label too
+        # (prior_weight) needs round 0's pseudo-label first, and so its preliminary result
         needs_cam = r > 0 and config.prior_weight > 0
-        needs_labels = needs_cam and config.prior_source == "labels"
         cam_net = prelim_model(store, 0) if needs_cam else None
         net, state = prelim_model(store, r)
         # round 0 of a corpus whose tags carry no contrast: the class-agnostic foreground evidence
@@ -83,7 +81,7 @@ def refresh_shard(run_dir: str, ids: list[str], round_index: int, key: str, conf
         foreground = (r == 0 or needs_cam) and fg_on
         corrected = store.corrections().keys()
         round0 = (store.read_classifier("proposal_classifier", 0)["model"], round_mil_model(store, 0)) \
-            if needs_labels else None
+            if needs_cam else None
         for rec in recs:
             if cam_net is not None and not store.has_pseudo(0, rec.image_id, name="cam"):
                 preliminary_image(store, rec, 0, *cam_net, classes, key, config, foreground, corrected)

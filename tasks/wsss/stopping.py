@@ -1,24 +1,16 @@
 """When the refresh rounds stop, and which round is final, from the pseudo-labels alone (no mask).
 
-Four reasons end the rounds after round r (METHOD.md A step 9):
+Three reasons end the rounds after round r (METHOD.md A step 9):
 
-* **oscillation** (``stopping`` "auto" or "oscillation", from round 1): at least half of the
+* **oscillation** (``stopping`` "oscillation", from round 1): at least half of the
   pixels round r changed went back to the label they had two rounds before (round 1: the labels
   round 0 started from, which its changed share is measured against too: the CAM labels, or on the
   class-agnostic foreground path the argmax of round 0's preliminary result). The round then mostly undoes
   its predecessor instead of moving on; round r-1, the last that moved forward, is final: its
   labels, and the final model trained on them;
-* **tag coverage fell** (``stopping="auto"``, from round 1, on a corpus without an implicit
-  background): the round's labels give the classes the images are tagged with less room than
-  round r-1's did (:func:`tasks.common.metrics.tag_coverage`: the mean over those classes of the mean
-  log label share on their images). Every pixel then belongs to a tagged class and every tagged
-  class is in its image, so the shares of an image's classes sum to one and their mean log is
-  highest when none is starved: a fall means some tagged class shrank toward nothing, which is
-  how self-training drifts (the large, easy classes of an image eat its small ones, a model
-  trained on its own labels learning those best). Round r-1 is final. With an implicit
-  background the objects trade pixels with the background instead, and an object that shrinks
-  is a correction as often as a loss (coco128's round 2 below), so the rule stays off there; the
-  coverage, with the background counted on every image, is still recorded;
+* (a fourth, **tag coverage fell**, ``stopping`` "auto", was removed: without the MIL's least share
+  the coverage falls in rounds that gain; docs/benchmarks.md#defaults-and-why names the commit
+  that last had it; the tag coverage is still recorded);
 * **converged**: the changed share fell below ``epsilon``; round r is final;
 * **round budget**: ``max_rounds`` reached; round r is final.
 
@@ -46,7 +38,6 @@ converges and is final (docs/benchmarks.md#one-class-corpus).
 """
 from __future__ import annotations
 
-import math
 from dataclasses import asdict, dataclass
 
 from wsseg.tasks.config import WSSSConfig
@@ -130,18 +121,11 @@ def decide(config: WSSSConfig, r: int, changed: float, reverted_share: float, co
     1 is compared with (:func:`tasks.wsss.pipeline.start_labels`)."""
     frac = reverted_share / changed if changed > 0 else 0.0
     keep = dict(reverted=frac, coverage=coverage)
-    if config.stopping in ("auto", "oscillation") and r >= 1 and changed > 0 and frac >= OSCILLATION:
+    if config.stopping == "oscillation" and r >= 1 and changed > 0 and frac >= OSCILLATION:
         before = start if r == 1 else f"round {r - 2}"
         return Decision(r, True, r - 1, (
             f"oscillation: round {r} sent {frac:.2f} of the pixels it changed back to their label of {before} "
             f"(>= {OSCILLATION}); round {r - 1} is final"), converged=False, **keep)
-    if (config.stopping == "auto" and r >= 1 and not implicit_background and coverage is not None
-            and previous_coverage is not None and coverage < previous_coverage):
-        return Decision(r, True, r - 1, (
-            f"tag coverage fell: round {r}'s labels give the tagged classes less room than round {r - 1}'s "
-            f"(tag share {math.exp(coverage):.3f} < {math.exp(previous_coverage):.3f}, mean log share "
-            f"{coverage:.3f} < {previous_coverage:.3f}); round {r - 1} is final"),
-            converged=False, **keep)
     if r > 0 and changed < config.epsilon:
         return Decision(r, True, r, f"converged: round {r} changed {changed:.4f} of the pixels "
                                     f"(< epsilon {config.epsilon}); round {r} is final", converged=True, **keep)

@@ -18,7 +18,7 @@ import numpy as np
 __all__ = ["METHODS", "superpixels", "areas", "pool", "paint", "counts_per_label", "adjacency"]
 
 #: Valid values of ``superpixels(method=...)``.
-METHODS = ("slico", "slic", "mslic", "skimage_slic", "felzenszwalb")
+METHODS = ("slico", "slic", "felzenszwalb")
 
 
 # --------------------------------------------------------------------------- helpers
@@ -101,20 +101,18 @@ def superpixels(image, *, method="slico", region_size=16, ruler=10.0, n_iter=10,
     Parameters
     ----------
     image : (H, W, 3) uint8 RGB array
-    method : {"slico", "slic", "mslic", "skimage_slic", "felzenszwalb"}, optional
-        ``"slico"``, ``"slic"``, ``"mslic"``: :func:`cv2.ximgproc.createSuperpixelSLIC` on the
-        CIELab image, followed by ``enforceLabelConnectivity(25)`` (segments under 25 % of
-        the mean superpixel size are absorbed).
-        ``"skimage_slic"``: :func:`skimage.segmentation.slic` (Lab, ``compactness=ruler``).
+    method : {"slico", "slic", "felzenszwalb"}, optional
+        ``"slico"``, ``"slic"``: :func:`cv2.ximgproc.createSuperpixelSLIC` on the CIELab
+        image, followed by ``enforceLabelConnectivity(25)`` (segments under 25 % of the mean
+        superpixel size are absorbed).
         ``"felzenszwalb"``: :func:`skimage.segmentation.felzenszwalb` with
         ``scale = 10 * ruler``, ``sigma = 0.8``, ``min_size = region_size**2 // 4``; it does
         not aim at a superpixel count (``n_segments`` is ignored).
     region_size : int, optional
-        Average superpixel side in pixels (OpenCV methods); ``n_segments`` defaults to
-        ``H * W / region_size**2`` for ``"skimage_slic"``.
+        Average superpixel side in pixels (OpenCV methods).
     ruler : float, optional
-        Compactness (OpenCV ``ruler``, scikit-image ``compactness``); ignored by SLICO,
-        which adapts it per superpixel.
+        Compactness (OpenCV ``ruler``; Felzenszwalb's scale is ``10 * ruler``); ignored by
+        SLICO, which adapts it per superpixel.
     n_iter : int, optional
         Number of clustering iterations.
     n_segments : int, optional
@@ -163,24 +161,16 @@ def superpixels(image, *, method="slico", region_size=16, ruler=10.0, n_iter=10,
     if n_segments is not None:
         region_size = max(2, int(round(np.sqrt(h * w / n_segments))))
 
-    if method in ("slico", "slic", "mslic"):
+    if method in ("slico", "slic"):
         import cv2
 
-        algorithm = {"slic": cv2.ximgproc.SLIC, "slico": cv2.ximgproc.SLICO,
-                     "mslic": cv2.ximgproc.MSLIC}[method]
+        algorithm = {"slic": cv2.ximgproc.SLIC, "slico": cv2.ximgproc.SLICO}[method]
         lab = cv2.cvtColor(image, cv2.COLOR_RGB2Lab)
         engine = cv2.ximgproc.createSuperpixelSLIC(
             lab, algorithm=algorithm, region_size=int(region_size), ruler=float(ruler))
         engine.iterate(int(n_iter))
         engine.enforceLabelConnectivity(25)  # percent of the mean superpixel size
         raw = engine.getLabels()
-    elif method == "skimage_slic":
-        from skimage.segmentation import slic
-
-        target = n_segments if n_segments is not None else max(1, round(h * w / region_size**2))
-        raw = slic(image, n_segments=int(target), compactness=float(ruler),
-                   max_num_iter=int(n_iter), start_label=0, channel_axis=-1,
-                   enforce_connectivity=True)
     else:
         from skimage.segmentation import felzenszwalb
 
