@@ -477,3 +477,41 @@ def test_another_stopping_rule_decides_the_finished_rounds_again(tmp_path, prefe
     final_recipe = store.model_meta("segmenter", 2)["trained_on"]["segmentation"]
     assert (final_recipe["class_balance"], final_recipe["boundary_ignore"]) == (0.25, seg.boundary_ignore + 2)
     assert "boundary_ignore" not in store.model_meta("segmenter", 1)["trained_on"]["segmentation"]  # a round's: no band
+
+
+def test_another_background_score_computes_round_0_again_with_the_same_classifier(tmp_path, prefect_harness,
+                                                                                   one_torch_thread, capfd):
+    """How the CAMs are read (scope CAM_READING of tasks.config.OPTIONS: here the implicit background's
+    score, classifier.background_threshold) is not how the classifier was trained: a run resumed with
+    a higher score keeps classifier.pt and computes round 0 again, whose CAM labels then leave at least
+    as much background on every image (the background's score rose everywhere), and more on some."""
+    from wsseg.flows.wsss import ingest
+    from wsseg.tasks.store import Store
+
+    src = copy_sample(tmp_path / "src", FIRST)
+    rows = (src / "labels.csv").read_text().splitlines()
+    (src / "labels.csv").write_text("\n".join(rows[:1] + [  # grass untagged, the implicit background: 1-2 objects
+        ",".join(r.split(",")[:2] + [";".join(t for t in r.split(",")[2].split(";") if t != "grass")])
+        for r in rows[1:]]) + "\n")
+    run = tmp_path / "run"
+    ingest(str(src), str(run), background="grass")
+    config = _config()
+    _train(run, config)
+    store = Store(run)
+    classes = store.classes()
+    stamp = (run / "classifier.pt").stat().st_mtime_ns
+    before = {r.image_id: store.pseudo(0, r.image_id, "cam") for r in store.manifest("train")}
+    capfd.readouterr()
+    higher = config.classifier.background_threshold + 0.25
+    _train(run, config.model_copy(update={"classifier": config.classifier.model_copy(
+        update={"background_threshold": higher})}))
+    said = capfd.readouterr().err
+    assert "training again" not in said and (run / "classifier.pt").stat().st_mtime_ns == stamp
+    assert "differs in: classifier" in said
+    more = 0
+    for rec in store.manifest("train"):
+        after = store.pseudo(0, rec.image_id, "cam")
+        was = before[rec.image_id] == classes.background
+        assert (after[was] == classes.background).all()
+        more += np.mean(after == classes.background) > np.mean(was)
+    assert more >= 1
