@@ -172,7 +172,7 @@ def test_trusted_images_keep_their_targets_through_mil():
     allowed = [np.array([True, True, False])] * 4
     areas = [np.ones(30, np.float32)] * 4
     prelim = [rng.dirichlet([1, 1, 1], 30).astype(np.float32) for _ in range(4)]
-    kw = dict(iterations=3, hidden=0, epochs=3, seed=0)
+    kw = dict(iterations=3, epochs=3, seed=0)
     free = refine(feats, prelim, allowed, areas, **kw)
     assert free.changed[0] > 0.05  # random evidence: MIL moves labels of untrusted images
     assert refine(feats, prelim, allowed, areas, **kw, trusted=[True] * 4).changed == [0.0, 0.0, 0.0]
