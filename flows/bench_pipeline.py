@@ -520,6 +520,9 @@ def result(b: Bench, sizes: list[int], figures: dict[str, dict[str, dict]], wall
             "ours_over_dcrf": "(preliminary + pseudo-labels core-ms per image: one round's CPU stages, features "
                               "are computed once per image) / (CAM = preliminary + dense CRF core-ms per image), "
                               "same sample",
+            "ours_with_features_over_dcrf": "the same with the features stage's core-ms per image added to ours: a "
+                                            "round's whole per-image cost on a corpus seen for the first time "
+                                            "(issue 54 asks <= 1.2)",
             "rerun_share": "wall time of the CPU stages when the same round runs again on the same run directory / "
                            "the first run's (largest over the sizes)",
             "peak_rss_mb": "flow: peak resident set of the flow process over the size's replicate, ingest and "
@@ -549,6 +552,8 @@ def result(b: Bench, sizes: list[int], figures: dict[str, dict[str, dict]], wall
     res["targets"] = {"overhead_share": overhead is not None and overhead <= 0.10,
                       "parallel_efficiency": efficiency is not None and efficiency >= 0.9,
                       "ours_over_dcrf": res["ours_over_dcrf"] is not None and res["ours_over_dcrf"] <= 1.0,
+                      "ours_with_features_over_dcrf": (res["ours_with_features_over_dcrf"] is not None
+                                                       and res["ours_with_features_over_dcrf"] <= 1.2),
                       "rerun_share": rerun_share <= 0.05}
     if inc:
         res["targets"]["incremental"] = (inc["refresh_over_cpu_stages"] or 99) <= 1.2 and inc["unchanged_decoded"] == 0

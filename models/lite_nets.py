@@ -112,6 +112,12 @@ class LiteClassifier(_LiteNet):
     def cam(self, x: Tensor) -> Tensor:
         return self.classifier(self.features(x))
 
+    def cam_and_maps(self, x: Tensor, levels: tuple[int, ...]) -> tuple[Tensor, list[Tensor]]:
+        """The class map and, from the same pass, the encoder's maps at ``levels`` (indices of
+        ``forward_features``: 2 = stride 8, 3 = stride 16), e.g. for superpixel features."""
+        maps = self.encoder.forward_features(self.input(x))
+        return self.classifier(maps[-1]), [maps[i] for i in levels]
+
     def forward(self, x: Tensor) -> Tensor:
         return self.classifier(self.dropout(self.features(x))).mean(dim=(2, 3))
 

@@ -18,6 +18,10 @@ class FeatureConfig(BaseModel):
         "superpixel algorithm (tasks.wsss.superpixels); slico adapts its compactness per superpixel, and the others "
         "did no better, see docs/benchmarks.md#ablations"))
     region_size: int = Field(16, ge=4, description="superpixel side in pixels")
+    superpixel_iterations: int = Field(5, ge=1, description=(
+        "clustering iterations of the superpixels (OpenCV's SLIC iterate); 5 since 2026-12-07 (10 before: half "
+        "the superpixels' time, the same labels within noise; more for superpixels that follow edges a little "
+        "closer), see docs/benchmarks.md#a-rounds-cost-per-image"))
     ruler: float = Field(10.0, description="superpixel compactness (OpenCV ruler, scikit-image compactness); "
                                            "slico ignores it")
     edge_sigma: float = Field(1.0, description="Gaussian filter before the edge operators, standard deviation in "
@@ -27,11 +31,13 @@ class FeatureConfig(BaseModel):
     proposal_diversify: bool = Field(False, description=(
         "union of several superpixel-merging strategies (two colour spaces, and none), as selective search's "
         "'fast' mode: more proposals per image"))
-    deep_features: Literal["lite0", "lite1", "lite2", "none"] = Field("lite2", description=(
-        "superpixel (and so proposal) features from an ImageNet EfficientNet-Lite's maps (deep_strides), beside "
-        "the colour and texture ones; 'none' = the hand-made features alone (tasks.wsss.deep_features); pretrained "
-        "because it separates classes better, Lite2 because its features gave msrc21's labels +0.034 over "
-        "Lite0's with the classifier, see docs/benchmarks.md#the-larger-encoder-for-the-labels"))
+    deep_features: Literal["classifier", "none"] = Field("classifier", description=(
+        "superpixel (and so proposal) features from the image classifier's encoder maps (deep_strides), beside the "
+        "colour and texture ones, pooled from round 0's CAM pass (the first of classifier.cam_scales), so no "
+        "image goes through an encoder twice; 'none' = the hand-made features alone, for a classifier without "
+        "an EfficientNet-Lite encoder (classifier.encoder small). The classifier's maps, fine-tuned on the tags, "
+        "beat ImageNet's Lite2 maps at 1x (the choice until 2026-12-07) and cost no second pass, see "
+        "docs/benchmarks.md#superpixel-features-from-the-classifier"))
     deep_strides: tuple[int, ...] = Field((8, 16), min_length=1, description=(
         "the encoder maps pooled over each superpixel, by stride (8, 16, 32); 8 and 16: the stride-32 map "
         "sees so much around a superpixel that the weakly trained classifiers learn the CAM's co-occurrence "
@@ -118,9 +124,11 @@ class ProposalConfig(BaseModel):
     seed_prior_weight: float = Field(0.5, ge=0, le=1, description=(
         "weight of the preliminary evidence beside the seeded segmentation's probabilities in the "
         "ambiguous area [ours]; 0 = colour and seeds alone, as METHOD.md step 7"))
-    downscale: int = Field(2, description=(
+    downscale: int = Field(3, ge=1, description=(
         "seeded segmentation solved on a grid this many times smaller (factor), then upsampled; "
-        "full-resolution seeds are kept"))
+        "full-resolution seeds are kept; 3 since 2026-12-07 (2 before: GrabCut took 40 of a round's 62 "
+        "pseudo-label core-ms an image, 18 at 3, with the same labels within noise; 2 for the finest "
+        "boundaries on small images), see docs/benchmarks.md#a-rounds-cost-per-image"))
 
 
 class MILConfig(BaseModel):
@@ -298,6 +306,14 @@ class WSSSConfig(BaseModel):
         "run starts (tasks.corpus.encoders.with_weight_digests), so a run directory started with one file is not "
         "resumed with another; not set by hand"))
 
+    @model_validator(mode="after")
+    def _features_have_an_encoder(self) -> "WSSSConfig":
+        # at load time, not after the classifier's training: the pooled maps are an EfficientNet-Lite's levels
+        if self.features.deep_features == "classifier" and self.classifier.encoder == "small":
+            raise ValueError("features.deep_features 'classifier' pools the maps of an EfficientNet-Lite classifier "
+                             "encoder; with classifier.encoder small set features.deep_features=none")
+        return self
+
 
 def shard_size_for(n_images: int, shard_size: int, max_shards: int = 2000) -> int:
     """Images per shard of a stage over ``n_images``: ``shard_size``, grown to
@@ -459,6 +475,7 @@ REMOVED_OPTIONS: dict[str, Any] = {
 #: Choices removed from options that remain, by dotted path: a record holding one loads with the
 #: option's default (:func:`without_removed`), and compares as a change.
 REMOVED_CHOICES: dict[str, tuple[str, ...]] = {"features.superpixel_method": ("mslic", "skimage_slic"),
+                                               "features.deep_features": ("lite0", "lite1", "lite2"),
                                                "stopping": ("auto",)}
 
 

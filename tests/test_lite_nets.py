@@ -91,10 +91,11 @@ def test_the_segmenter_starts_from_the_classifiers_encoder():
 def test_small_stays_an_option():
     assert classifier_builder(ClassifierConfig(encoder="small", stride=8)) == ("image_classifier", {"width": 16, "stride": 8})
     assert classifier_builder(ClassifierConfig()) == ("lite_classifier", {"variant": "lite2", "stride": 16})
-    cfg = WSSSConfig(classifier=ClassifierConfig(encoder="small"), segmentation=SegmentationConfig(model="small"))
-    assert pretrained_encoders(cfg) == ["lite2"]  # the superpixel features' encoder
-    cfg = cfg.model_copy(update={"features": FeatureConfig(deep_features="none")})
+    # the superpixel features pool the classifier's maps: a small classifier goes with none of them
+    cfg = WSSSConfig(classifier=ClassifierConfig(encoder="small"), segmentation=SegmentationConfig(model="small"),
+                     features=FeatureConfig(deep_features="none"))
     assert pretrained_encoders(cfg) == [] and with_weight_digests(cfg).pretrained == {}
+    assert pretrained_encoders(cfg.model_copy(update={"classifier": ClassifierConfig()})) == ["lite2"]
     # method C's network as the rounds' segmenter: its lite backbone's file is counted, hrnet's none
     gl = cfg.model_copy(update={"segmentation": SegmentationConfig(model="global_local", options={"backbone": "lite1"})})
     assert pretrained_encoders(gl) == ["lite1"]

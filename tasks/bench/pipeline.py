@@ -364,7 +364,6 @@ def plain_loop(store, records: Sequence, config, seed: int | None = None) -> dic
     from wsseg.tasks.wsss import fusion
     from wsseg.tasks.wsss import pipeline as pl
     from wsseg.tasks.wsss import superpixels as spx
-    from wsseg.tasks.wsss.deep_features import deep_superpixel_features
     from wsseg.tasks.wsss.feature_cache import ImageFeatures, proposal_inputs
     from wsseg.tasks.wsss.features import superpixel_features
     from wsseg.tasks.wsss.proposal_classifier import predict_proposals, round_mil_model
@@ -392,26 +391,24 @@ def plain_loop(store, records: Sequence, config, seed: int | None = None) -> dic
                         edges = feature_region_map(image, sigma=fc.edge_sigma, tau=fc.edge_tau)
                     with clock("features.superpixels"):
                         labels = spx.superpixels(image, method=fc.superpixel_method, region_size=fc.region_size,
-                                                 ruler=fc.ruler)
+                                                 ruler=fc.ruler, n_iter=fc.superpixel_iterations)
                     with clock("features.superpixel_features"):
                         feats = superpixel_features(image, labels, edge_map=edges)
-                    if fc.deep_features != "none":
-                        with clock("features.deep_features"):
-                            deep = deep_superpixel_features(image, labels, fc.deep_features, fc.deep_strides)
-                            feats = np.hstack([feats, deep])
                     with clock("features.proposals"):
                         membership = hierarchical_proposals(image, labels, edge_map=edges,
                                                             min_size=fc.proposal_min_size,
                                                             diversify=fc.proposal_diversify)
                     labels, feats = labels.astype(np.int32), feats.astype(np.float32)
-                    f = ImageFeatures(edges.astype(np.uint8), labels, feats,
-                                      arrays_to_sparse(sparse_to_arrays(membership)),
-                                      spx.areas(labels, n=feats.shape[0]))
-                # preliminary result, round 0 (tasks.wsss.pipeline.preliminary_shard without the store)
+                # preliminary result, round 0 (tasks.wsss.pipeline.preliminary_shard without the store),
+                # and the superpixel features pooled from its CAM pass (features.deep_features)
                 with clock("preliminary"):
-                    prob = pl.cam_probs(model, state, image, allowed, classes, config.classifier)
+                    prob, deep = pl.round0_cam(model, state, image, allowed, classes, config, lambda: labels)
                     pl.labels_from_prob(prob)
                 prelim = _quantised(prob, allowed)
+                if deep is not None:
+                    feats = np.hstack([feats, deep])
+                f = ImageFeatures(edges.astype(np.uint8), labels, feats, arrays_to_sparse(sparse_to_arrays(membership)),
+                                  spx.areas(labels, n=feats.shape[0]))
                 # pseudo-labels (tasks.wsss.pipeline.pseudo_shard without the store)
                 with clock("pseudo_labels"):
                     with clock("pseudo_labels.proposal_scores"):
@@ -524,12 +521,13 @@ def format_summary(res: dict) -> str:
     t = res["targets"]
     lines.append("")
     for key, target in (("overhead_share", "<= 0.10"), ("parallel_efficiency", ">= 0.9"),
-                        ("ours_over_dcrf", "<= 1.0"), ("rerun_share", "<= 0.05")):
+                        ("ours_over_dcrf", "<= 1.0"), ("ours_with_features_over_dcrf", "<= 1.2"),
+                        ("rerun_share", "<= 0.05")):
         v = res.get(key)
         ok = "" if v is None else ("  ok" if t.get(key) else "  MISSED")
-        lines.append(f"{key:<22} {_f(v, 3):>8}   target {target}{ok}")
-    lines.append(f"{'overhead_core_share':<22} {_f(res.get('overhead_core_share'), 3):>8}   (the same in CPU time)")
-    lines.append(f"{'dcrf_core_ms_per_image':<22} {_f(res.get('dcrf_core_ms_per_image')):>8}   (CAM + dense CRF)")
+        lines.append(f"{key:<28} {_f(v, 3):>8}   target {target}{ok}")
+    lines.append(f"{'overhead_core_share':<28} {_f(res.get('overhead_core_share'), 3):>8}   (the same in CPU time)")
+    lines.append(f"{'dcrf_core_ms_per_image':<28} {_f(res.get('dcrf_core_ms_per_image')):>8}   (CAM + dense CRF)")
     lines.append(f"rerun bit-identical: {res['rerun_identical']}; plain loop identical to the flow: "
                  f"{res.get('plain_loop_identical')}; worker counts identical: {res.get('workers_identical')}")
     for n, load in (res.get("load_average") or {}).items():

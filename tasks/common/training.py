@@ -666,20 +666,29 @@ def image_class_probs(model: nn.Module, image: np.ndarray, *, scales: Sequence[f
 
 @torch.no_grad()
 def class_activation_maps(model: nn.Module, image: np.ndarray, *, scales: Sequence[float] = (0.75, 1.0, 1.25),
-                          flip: bool = True, device: torch.device | None = None, raw: bool = False) -> np.ndarray:
+                          flip: bool = True, device: torch.device | None = None, raw: bool = False,
+                          maps_levels: Sequence[int] | None = None):
     """(K, H, W) float32 class activation maps, multi-scale and flip averaged.
 
     Default: ReLU of the class map, each class divided by its maximum (in [0, 1]).
     ``raw=True``: the averaged class map (logit units) itself, for :func:`tasks.wsss.pipeline.cam_to_prob_centered`.
+    ``maps_levels``: also return the encoder's maps at these levels (``forward_features``' indices)
+    from the same pass, those of the first scale's image without its mirror, as a list of (1, C, h, w)
+    tensors: ``(cams, maps)`` (the superpixel features of :mod:`tasks.wsss.deep_features`). The model
+    needs ``cam_and_maps`` (:class:`models.lite_nets.LiteClassifier`).
     """
     device = device or next(model.parameters()).device
     model.eval()
     h, w = image.shape[:2]
-    acc = None
+    acc, kept = None, None
     for s in scales:
         x = torch.from_numpy(to_input(_at_scale(image, s), None))[None].to(device)
         xs = torch.cat([x, x.flip(-1)]) if flip else x
-        cam = model.cam(xs)
+        if maps_levels is not None and kept is None:
+            cam, maps = model.cam_and_maps(xs, tuple(maps_levels))
+            kept = [m[:1] for m in maps]
+        else:
+            cam = model.cam(xs)
         cam = cam if raw else F.relu(cam)
         cam = 0.5 * (cam[:1] + cam[1:].flip(-1)) if flip else cam
         cam = F.interpolate(cam, size=(h, w), mode="bilinear", align_corners=False)[0]
@@ -687,4 +696,5 @@ def class_activation_maps(model: nn.Module, image: np.ndarray, *, scales: Sequen
     acc = acc / len(scales)
     if not raw:
         acc = acc / acc.flatten(1).amax(1).clamp_min(1e-5)[:, None, None]
-    return acc.float().cpu().numpy()
+    cams = acc.float().cpu().numpy()
+    return cams if maps_levels is None else (cams, kept)

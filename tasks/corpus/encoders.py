@@ -12,9 +12,7 @@ from wsseg.tasks.store.checkpoints import imagenet_variant
 def pretrained_encoders(config: WSSSConfig) -> list[str]:
     """The EfficientNet-Lite variants the configuration's networks load ImageNet weights into."""
     out = []
-    if config.features.deep_features in VARIANTS:
-        out.append(config.features.deep_features)
-    if config.classifier.encoder in VARIANTS:
+    if config.classifier.encoder in VARIANTS:  # the superpixel features' maps too (features.deep_features)
         out.append(config.classifier.encoder)
     segmenter = imagenet_variant(config.segmentation.model, config.segmentation.options)
     return sorted(set(out + ([segmenter] if segmenter else [])))

@@ -966,7 +966,7 @@ class Store:
             raise ValueError(f"an ablation needs a plain name, got {name!r}")
         return Store(self.root / f"ablate-{name}")
 
-    def share_round_from(self, other: "Store", r: int, arrays: Sequence[str] = ("prelim", "cam"),
+    def share_round_from(self, other: "Store", r: int, arrays: Sequence[str] = ("prelim", "cam", "deep"),
                          stages: Sequence[str] = ("prelim",)) -> None:
         """Use ``other``'s round ``r`` arrays (symbolic links) and its finished-shard markers of
         ``stages`` (copies), e.g. an ablation reusing its main run's round-0 CAMs. A part already
@@ -1129,6 +1129,24 @@ class Store:
         out = np.zeros((n_classes,) + q.shape[1:], np.float32)
         out[attrs["classes"]] = q.astype(np.float32) / 255.0
         return out
+
+    def write_deep(self, image_id: str, feats: np.ndarray) -> None:
+        """Round 0's (S, D) float32 superpixel features of ``image_id`` pooled from its CAM pass
+        (:mod:`tasks.wsss.deep_features`), beside its preliminary result: they go with round 0."""
+        self._put_packed(self.round_dir(0) / "deep", image_id, np.ascontiguousarray(feats, np.float32))
+
+    def deep(self, image_id: str) -> np.ndarray | None:
+        """Round 0's superpixel features of ``image_id`` (:meth:`write_deep`); None in a run without them
+        (``features.deep_features`` none: round 0 wrote none of any image). A run that has them for
+        other images and not this one is an error naming it, never features of another width."""
+        group = self.round_dir(0) / "deep"
+        got = self._get_packed(group, self.round_dir(0) / "deep.zarr", image_id)
+        if got is not None:
+            return got[0]
+        if (self._batch is not None and str(group) in self._batch) or self._pack_index(group).exists():
+            raise KeyError(f"{group}: round 0 has the superpixel features of other images but not of "
+                           f"{image_id!r}; run `wsseg train` again to compute them")
+        return None
 
     def write_pseudo(self, r: int, image_id: str, label: np.ndarray, name: str = "pseudo") -> None:
         if label.dtype != np.uint8 or label.ndim != 2:

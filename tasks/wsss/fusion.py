@@ -615,7 +615,7 @@ def pseudo_label(
     threshold=0.5,
     seeding="grabcut",
     beta=130.0,
-    downscale=2,
+    downscale=3,
     seed=0,
     prior_weight=0.5,
     grabcut_iters=3,

@@ -9,7 +9,7 @@ import hashlib
 import heapq
 import time
 from pathlib import Path
-from typing import Collection, Iterable, Iterator, Sequence
+from typing import Callable, Collection, Iterable, Iterator, Sequence
 
 import numpy as np
 import torch
@@ -25,7 +25,9 @@ from wsseg.tasks.runtime.progress import run_log
 from wsseg.tasks.store import ClassSpec, ImageRecord, Store, sha256_file, shard_records
 from wsseg.tasks.wsss import foreground as fg
 from wsseg.tasks.wsss import superpixels as spx
-from wsseg.tasks.wsss.feature_cache import ImageFeatures, compute_features, load_edges, load_features, proposal_inputs
+from wsseg.tasks.wsss.deep_features import levels_of, pool_superpixels
+from wsseg.tasks.wsss.feature_cache import (ImageFeatures, compute_features, load_edges, load_features, load_superpixels,
+                                             proposal_inputs)
 from wsseg.tasks.wsss.fusion import pseudo_label
 from wsseg.tasks.wsss.proposal_classifier import predict_proposals, round_mil_model, sp_evidence, superpixel_scores
 
@@ -160,17 +162,32 @@ def make_pseudo_label(image: np.ndarray, feat: ImageFeatures, proposal_prob: np.
 
 
 def cam_probs(model: torch.nn.Module, state: dict, image: np.ndarray, allowed: np.ndarray, classes: ClassSpec,
-              cfg: ClassifierConfig) -> np.ndarray:
+              cfg: ClassifierConfig, maps_levels: tuple[int, ...] | None = None):
     """Step 1, round 0: (K, H, W) probabilities over the allowed classes from the image
     classifier's class maps: centred class maps (:func:`cam_to_prob_centered`) when every pixel
     belongs to a tag (no implicit background), else max-normalised CAMs against the implicit
-    background's score (:func:`cam_to_prob`)."""
+    background's score (:func:`cam_to_prob`). With ``maps_levels``: ``(probabilities, maps)``, the
+    encoder's maps of the same pass (:func:`tasks.common.training.class_activation_maps`)."""
     obj = state["meta"]["object_classes"]
     cams = np.zeros((classes.n,) + image.shape[:2], np.float32)
     centered = classes.background is None
-    cams[obj] = tr.class_activation_maps(model, image, scales=tuple(cfg.cam_scales), raw=centered)
-    return cam_to_prob_centered(cams, allowed) if centered else \
+    got = tr.class_activation_maps(model, image, scales=tuple(cfg.cam_scales), raw=centered, maps_levels=maps_levels)
+    cams[obj], maps = got if maps_levels is not None else (got, None)
+    prob = cam_to_prob_centered(cams, allowed) if centered else \
         cam_to_prob(cams, allowed, classes.background, cfg.background_threshold)
+    return prob if maps_levels is None else (prob, maps)
+
+
+def round0_cam(model: torch.nn.Module, state: dict, image: np.ndarray, allowed: np.ndarray, classes: ClassSpec,
+               config: WSSSConfig, superpixels: Callable[[], np.ndarray]) -> tuple[np.ndarray, np.ndarray | None]:
+    """Round 0's CAM probabilities of one image (:func:`cam_probs`) and, from the same pass, its
+    superpixel features (:func:`tasks.wsss.deep_features.pool_superpixels` over ``superpixels()``,
+    the image's superpixels), or None without ``features.deep_features``."""
+    if config.features.deep_features == "none":
+        return cam_probs(model, state, image, allowed, classes, config.classifier), None
+    prob, maps = cam_probs(model, state, image, allowed, classes, config.classifier,
+                           maps_levels=levels_of(config.features.deep_strides))
+    return prob, pool_superpixels(maps, superpixels())
 
 
 def label_prior(label: np.ndarray, allowed: np.ndarray, n_classes: int, hold: float = 0.5) -> np.ndarray:
@@ -292,10 +309,13 @@ def preliminary_image(store: Store, rec: ImageRecord, r: int, model: torch.nn.Mo
     image = store.image(rec.image_id)
     allowed = classes.tag_vector(rec.tags)
     if r == 0:
-        prob = cam_probs(model, state, image, allowed, classes, config.classifier)
+        prob, deep = round0_cam(model, state, image, allowed, classes, config,
+                                lambda: load_superpixels(store, rec, key))
         store.write_pseudo(r, rec.image_id, labels_from_prob(prob), name="cam")
+        if deep is not None:
+            store.write_deep(rec.image_id, deep)
         if foreground and classes.background is not None:
-            sp_labels = load_features(store, rec, key).superpixels
+            sp_labels = load_superpixels(store, rec, key)
             saliency = fg.boundary_saliency(image, sp_labels)[sp_labels]
             prob = fg.foreground_probs(saliency, prob, allowed, classes.background)
     else:

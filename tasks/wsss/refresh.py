@@ -72,8 +72,10 @@ def refresh_shard(run_dir: str, ids: list[str], round_index: int, key: str, conf
         seconds["features"] = time.perf_counter() - t
         t = time.perf_counter()
         # 1. preliminary result by the round's network; a later round that mixes in round 0
-        # (prior_weight) needs round 0's pseudo-label first, and so its preliminary result
-        needs_cam = r > 0 and config.prior_weight > 0
+        # (prior_weight) needs round 0's pseudo-label first, and so its preliminary result, and
+        # every round reads the superpixel features of round 0's CAM pass (features.deep_features)
+        needs_prior = r > 0 and config.prior_weight > 0
+        needs_cam = r > 0 and (needs_prior or config.features.deep_features != "none")
         cam_net = prelim_model(store, 0) if needs_cam else None
         net, state = prelim_model(store, r)
         # round 0 of a corpus whose tags carry no contrast: the class-agnostic foreground evidence
@@ -81,7 +83,7 @@ def refresh_shard(run_dir: str, ids: list[str], round_index: int, key: str, conf
         foreground = (r == 0 or needs_cam) and fg_on
         corrected = store.corrections().keys()
         round0 = (store.read_classifier("proposal_classifier", 0)["model"], round_mil_model(store, 0)) \
-            if needs_cam else None
+            if needs_prior else None
         for rec in recs:
             if cam_net is not None and not store.has_pseudo(0, rec.image_id, name="cam"):
                 preliminary_image(store, rec, 0, *cam_net, classes, key, config, foreground, corrected)
