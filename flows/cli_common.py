@@ -286,7 +286,7 @@ ROUNDS_LEGEND = (
     "cam: round 0's CAMs as labels; mIoU, cls acc (mean class accuracy): against the masks, where the corpus has\n"
     "them; chance: the mIoU of the same class shares placed at random; changed: share of pixels relabelled since\n"
     "the row above; ignore: share left undecided; tag share: a tagged class's share of its images' pixels\n"
-    "(geometric mean: the summary's exp(tag_coverage); --set stopping=auto ends the rounds when it falls)")
+    "(geometric mean: the summary's exp(tag_coverage); a fall means a tagged class shrank)")
 
 
 def print_rounds(rows: list[dict], stream=sys.stdout) -> None:

@@ -131,9 +131,9 @@ def markdown_report(res: dict) -> str:
                   "(tasks.common.metrics.chance_iou_from_confusion); a source near it knows how much of each class "
                   "there is, not where. Tag share: a tagged class's (and the implicit background's) share of "
                   "its images' pixels, a geometric mean (no mask): exp of the JSON's tag_coverage, the mean over "
-                  "the tagged classes of the mean log label share on the images tagged with them; on a corpus "
-                  "without an implicit background `stopping=auto` ends the rounds when it falls "
-                  "(tasks.wsss.stopping)."]
+                  "the tagged classes of the mean log label share on the images tagged with them; a fall means a "
+                  "tagged class shrank (recorded; no rule stops the rounds on it since `stopping` 'auto' went, "
+                  "tasks.wsss.stopping)."]
     if res.get("stop_reason"):
         lines += ["", f"Stopped: {res['stop_reason']}."]
     if res.get("foreground"):
