@@ -335,7 +335,7 @@ class Scope(str, Enum):
     #: nothing: not recorded, not compared, not in the configuration's digest (where the work
     #: runs: a GPU's numbers may differ in the last digits, accepted)
     RUNTIME = "runtime"
-    #: no round's content: recorded in config.json, left out of the rounds' inputs (how far the
+    #: no round's content: recorded with the run's configuration, left out of the rounds' inputs (how far the
     #: rounds go, how untagged images are labelled, how images are cut into shard tasks)
     NO_ROUND = "no_round"
     #: the decision taken after a finished round (stop there? which round is final?), taken again
@@ -382,7 +382,8 @@ OPTIONS: dict[str, tuple[Scope, str]] = {
     "prelim_normalize": (Scope.FROM_ROUND_1, "acts on model r-1's probabilities; round 0 has no model before it"),
     "prior_weight": (Scope.FROM_ROUND_1, "mixes round 0 into the later rounds' preliminary result"),
     "prior_source": (Scope.FROM_ROUND_1, "removed: what the later rounds kept of round 0"),
-    "classifier.cam_scales": (Scope.CAM_READING, "the scales whose maps are averaged, after training"),
+    "classifier.cam_scales": (Scope.CAM_READING, "the scales whose maps are averaged, after training (the first "
+                                                 "also gives round 0's superpixel features)"),
     "classifier.background_threshold": (Scope.CAM_READING, "the implicit background's score beside the maps"),
     "classifier.cam_mode": (Scope.CAM_READING, "removed: centred or max-normalised maps"),
     "classifier.cam_temperature": (Scope.CAM_READING, "removed: the softmax temperature of centred maps"),
