@@ -67,6 +67,8 @@ WAVE_ROWS = 32_000
 ingest_shard = task(name="ingest-shard", task_run_name=ShardRunName("ingest"), **SHARD_TASK)(pl.ingest_shard)
 features_shard = task(name="features-shard", task_run_name=ShardRunName("features"), **SHARD_TASK)(pl.features_shard)
 preliminary_shard = task(name="preliminary-shard", task_run_name=ShardRunName("preliminary"), **SHARD_TASK)(pl.preliminary_shard)
+foreground_prelim_shard = task(name="foreground-start-shard", task_run_name=ShardRunName("foreground-start"),
+                               **SHARD_TASK)(pl.foreground_prelim_shard)
 pseudo_shard = task(name="pseudo-label-shard", task_run_name=ShardRunName("pseudo-labels"), **SHARD_TASK)(pl.pseudo_shard)
 evaluate_shard = task(name="evaluate-shard", task_run_name=ShardRunName("evaluate"), **SHARD_TASK)(pl.evaluate_shard)
 refresh_shard = task(name="refresh-shard", task_run_name=ShardRunName("refresh"), **SHARD_TASK)(rf.refresh_shard)
@@ -325,11 +327,17 @@ def refresh_round(run_dir: str, round_index: int, config: WSSSConfig, feature_ke
         # 1. preliminary result: round 0 from the image classifier's CAMs, later from model r-1
         #    (round 0 on the foreground path: the class-agnostic foreground evidence)
         fg_on = pl.foreground_on(store, config)[0]
+        clustered = r == 0 and fg_on and pl.uses_clusters(config)  # the foreground from the corpus's clusters too
         todo, _ = pending_shards(store, r, "prelim", shards)
         run_shards(preliminary_shard, todo, f"r{r} preliminary", per_shard=handing(), run_dir=run_dir,
-                   round_index=r, key=feature_key, config=config, foreground=fg_on)
-        # [ours] superpixel MIL: the preliminary result refined by a corpus-wide appearance classifier
+                   round_index=r, key=feature_key, config=config, foreground=fg_on and not clustered)
         learn = trained_on(store, records, config, quiet=True)  # the trainers' images (all, or train_images of them)
+        if clustered:  # [ours] the corpus-wide view: two clusters of the superpixel features, then each image again
+            pl.fit_round_clusters(store, learn, feature_key, config)
+            todo, _ = pending_shards(store, r, "foreground", shards)
+            run_shards(foreground_prelim_shard, todo, "r0 foreground start", per_shard=handing(), run_dir=run_dir,
+                       key=feature_key, config=config)
+        # [ours] superpixel MIL: the preliminary result refined by a corpus-wide appearance classifier
         mil.train_round(store, r, learn, feature_key, config.mil, seed=config.seed, log=tracker.log_metrics)
         # 3. proposal classification (cross-entropy), trained on the corpus (its train_images sample when set)
         proposal_classifier.train_round(store, r, learn, feature_key, config.proposals,

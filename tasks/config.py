@@ -249,6 +249,12 @@ class ForegroundConfig(BaseModel):
     grabcut_border: float = Field(0.02, ge=0, lt=0.5, description=(
         "width of the border strip that starts as sure background, as a share of the shorter side"))
     grabcut_iters: int = Field(3, ge=1, description="GrabCut iterations of the foreground path's pseudo-label")
+    cluster_weight: float = Field(0.75, ge=0, le=1, description=(
+        "round 0's foreground on the path: this weight of the corpus-wide clusters' foreground (k-means, k=2, "
+        "of round 0's superpixel features over the trainers' images; the cluster that touches the image "
+        "borders least is the object) against 1 - weight of each image's own saliency; 0: the saliency alone "
+        "(the only choice with features.deep_features=none). Lower it where the corpus's objects differ "
+        "more from each other than from their scenes; see docs/method.md#class-agnostic-foreground-path"))
 
 
 #: the trainers' default bound (``WSSSConfig.train_images``), chosen from the curve in

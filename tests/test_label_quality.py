@@ -9,8 +9,9 @@ import pytest
 
 from wsseg.tasks.config import WSSSConfig
 from wsseg.tasks.corpus.tags import contrast_warnings, tag_statistics
-from wsseg.tasks.wsss.foreground import (box_grabcut, boundary_saliency, evidence_grabcut, foreground_active,
-                                   foreground_label, foreground_probs)
+from wsseg.tasks.wsss.foreground import (CorpusClusters, border_superpixels, box_grabcut, boundary_saliency,
+                                   cluster_foreground, evidence_grabcut, fit_clusters, foreground_active,
+                                   foreground_label, foreground_probs, start_foreground)
 from wsseg.tasks.wsss.stopping import decide
 from tests.conftest import load_tool
 
@@ -135,6 +136,54 @@ def test_grabcut_from_blocky_evidence_finds_the_outline():
         evidence_grabcut(img, blocks[:10])
 
 
+def test_corpus_clusters_call_the_kind_that_keeps_off_the_borders_the_object():
+    """Two kinds of superpixel features over a corpus: one (the scenes) touches the image borders,
+    the other (the objects) does not. k-means finds the two, names the second the object, and
+    scores each superpixel by which centre it is nearer; the clusters survive a JSON file."""
+    rng = np.random.default_rng(1)
+    scene, thing = np.zeros(8), np.r_[np.ones(4), -np.ones(4)] * 3
+
+    def image(n_scene, n_thing):
+        f = np.concatenate([scene + rng.normal(0, 1, (n_scene, 8)), thing + rng.normal(0, 1, (n_thing, 8))])
+        border = np.r_[rng.random(n_scene) < 0.6, np.zeros(n_thing, bool)]  # the scenes reach the borders
+        return f.astype(np.float32), border, np.r_[np.zeros(n_scene, bool), np.ones(n_thing, bool)]
+
+    images = [image(40 + 5 * i, 10 + 3 * i) for i in range(12)]
+    cl = fit_clusters(((f, b) for f, b, _ in images), seed=0)
+    for f, _, truth in images:
+        p = cluster_foreground(f, cl)
+        assert p.dtype == np.float32 and p.shape == (len(f),)
+        assert ((p > 0.5) == truth).mean() > 0.97
+    # fewer rows kept than given: the same two kinds (by a seeded sample)
+    small = fit_clusters(((f, b) for f, b, _ in images), seed=0, max_rows=200)
+    assert all(((cluster_foreground(f, small) > 0.5) == t).mean() > 0.95 for f, _, t in images)
+    back = CorpusClusters.from_dict(json.loads(json.dumps(cl.to_dict())))
+    f0 = images[0][0]
+    np.testing.assert_array_equal(cluster_foreground(f0, back), cluster_foreground(f0, cl))
+    with pytest.raises(ValueError, match="at least one image"):
+        fit_clusters([])
+    with pytest.raises(ValueError, match="border flags"):
+        fit_clusters([(f0, np.zeros(3, bool))])
+
+
+def test_round_zero_foreground_mixes_the_saliency_and_the_clusters_by_their_weight():
+    from wsseg.tasks.wsss import superpixels as spx
+
+    img, disk = _disk_image()
+    labels = spx.superpixels(img, method="slico", region_size=8)
+    border = border_superpixels(labels)
+    assert border.shape == (labels.max() + 1,) and border[labels[0, 0]] and not border[labels[48, 64]]
+    sal = boundary_saliency(img, labels)
+    inside = np.bincount(labels.ravel(), disk.ravel(), minlength=len(border)) > 0  # superpixels that touch the disc
+    feats = np.where(inside[:, None], 1.0, -1.0) + np.random.default_rng(0).normal(0, 0.1, (len(border), 3))
+    cl = fit_clusters([(feats, border)])
+    assert np.array_equal(start_foreground(img, labels, feats, cl, 0.0), sal)
+    assert np.array_equal(start_foreground(img, labels, None, None, 0.5), sal)  # no clusters: the saliency
+    mixed = start_foreground(img, labels, feats, cl, 0.25)
+    np.testing.assert_allclose(mixed, 0.75 * sal + 0.25 * cluster_foreground(feats, cl), rtol=1e-6)
+    assert (start_foreground(img, labels, feats, cl, 1.0)[inside] > 0.5).all()
+
+
 def test_foreground_label_averages_the_evidence_and_shares_the_foreground_among_the_tags():
     img, disk = _disk_image()
     h, w = disk.shape
@@ -221,19 +270,35 @@ def test_one_class_corpus_warns_at_ingest_and_train_and_takes_the_foreground_pat
     assert "pseudo_label_chance_miou" in art
     for row in t["rounds"]:
         assert 0.0 <= row["pseudo_label_class_accuracy"] <= 1.0 and 0.0 <= row["pseudo_label_chance_miou"] <= 1.0
-    # round 0's preliminary result is the image's saliency (the one object tag takes all of the
-    # foreground), not the CAM against a constant background score
+    # round 0's preliminary result is the image's saliency mixed with the corpus clusters' foreground
+    # (the one object tag takes all of it), not the CAM against a constant background score; the
+    # clusters are fitted once over round 0's superpixel features of the training images and kept
     from wsseg.tasks.wsss.feature_cache import load_features
+    from wsseg.tasks.wsss.foreground import cluster_foreground
 
     store = Store(run)
+    clusters = CorpusClusters.from_dict(store.foreground_clusters())
+    assert clusters.centres.shape == (2, 120)  # Lite2's stride-16 maps (its stride-8 maps: 48 columns before them)
+    w = cfg.foreground.cluster_weight
+    assert 0 < w < 1
     for rec in store.manifest():
         sp_labels = load_features(store, rec, t["feature_key"]).superpixels
-        expected = boundary_saliency(store.image(rec.image_id), sp_labels)[sp_labels]
+        sal = boundary_saliency(store.image(rec.image_id), sp_labels)
+        expected = ((1 - w) * sal + w * cluster_foreground(store.deep(rec.image_id)[:, 48:], clusters))[sp_labels]
         prelim = store.prelim(0, rec.image_id, 2)
         assert np.abs(prelim[1] - expected).max() <= 1 / 255 + 1e-6
         assert np.abs(prelim[0] - (1 - expected)).max() <= 1 / 255 + 1e-6
-    # its pseudo-labels are GrabCut of the whole image from the mean foreground evidence
+    assert len(store.shard_markers(0, "foreground")) == len(store.shard_markers(0, "prelim")) == 1
+    # a refresh's new image takes the one pass of round 0 with the stored clusters: the same start
     from wsseg.tasks.wsss import pipeline as pl
+
+    rec = store.manifest()[0]
+    before = store.prelim(0, rec.image_id, 2)
+    with store.packing("refresh-check"):
+        pl.preliminary_image(store, rec, 0, *pl.prelim_model(store, 0), store.classes(), t["feature_key"], cfg,
+                             True, (), pl.round_clusters(store, cfg))
+    assert np.abs(store.prelim(0, rec.image_id, 2) - before).max() <= 1 / 255 + 1e-6
+    # its pseudo-labels are GrabCut of the whole image from the mean foreground evidence
     from wsseg.tasks.wsss.proposal_classifier import round_mil_model
 
     classes = store.classes()

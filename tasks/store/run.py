@@ -21,6 +21,7 @@ Layout of a run directory::
       rounds/r000/pseudo/packs/    pseudo-labels (H, W) uint8, 255 = ignore (cam/: CAM labels)
       rounds/r000/done/<stage>-<shard>.json   a shard counts as done only once this exists
       rounds/r000/round.json       the round's metrics, written last
+      rounds/r000/foreground_clusters.json   the foreground path's corpus clusters (round 0 only)
       rounds/r000/inputs.json      what the round is computed from (classes, corpus hash, config)
       rounds/r000/model.pt         the round's segmenter (mil.pt, proposal_classifier.pt: its corpus
                                    classifiers; *.train_state.pt: an unfinished training's state)
@@ -150,6 +151,10 @@ def _atomic_write_text(path: Path, text: str) -> None:
     with os.fdopen(fd, "w") as f:
         f.write(text)
     os.replace(tmp, path)
+
+
+#: round 0's corpus clusters of the foreground path (:meth:`Store.write_foreground_clusters`)
+CLUSTERS = "foreground_clusters.json"
 
 
 def _write_json(path: Path, data: dict, indent: int | None = 1) -> Path:
@@ -967,7 +972,7 @@ class Store:
         return Store(self.root / f"ablate-{name}")
 
     def share_round_from(self, other: "Store", r: int, arrays: Sequence[str] = ("prelim", "cam", "deep"),
-                         stages: Sequence[str] = ("prelim",)) -> None:
+                         stages: Sequence[str] = ("prelim", "foreground")) -> None:
         """Use ``other``'s round ``r`` arrays (symbolic links) and its finished-shard markers of
         ``stages`` (copies), e.g. an ablation reusing its main run's round-0 CAMs. A part already
         present is left as it is. On object storage (no links) the parts are copied."""
@@ -975,7 +980,8 @@ class Store:
         if self.remote or other.remote:
             self._copy_parts(other, [(src / f, dst / f) for n in arrays for f in (n, f"{n}.zarr")]
                              + [(src / "done" / m, dst / "done" / m) for stage in stages
-                                for m in other.shard_markers(r, stage)])
+                                for m in other.shard_markers(r, stage)]
+                             + [(src / CLUSTERS, dst / CLUSTERS)])
             return
         (dst / "done").mkdir(parents=True, exist_ok=True)
         for name in arrays:
@@ -987,6 +993,8 @@ class Store:
             for marker in (src / "done").glob(f"{stage}-*.json"):
                 if not (dst / "done" / marker.name).exists():
                     shutil.copy(marker, dst / "done" / marker.name)
+        if (src / CLUSTERS).exists() and not (dst / CLUSTERS).exists():  # what the "foreground" stage read
+            shutil.copy(src / CLUSTERS, dst / CLUSTERS)
 
     def share_from(self, other: "Store", parts: Sequence[str] = ("corpus", "cache", "classifier")) -> None:
         """Use ``other``'s corpus, feature cache and image classifier (symbolic links), e.g. an
@@ -1147,6 +1155,15 @@ class Store:
             raise KeyError(f"{group}: round 0 has the superpixel features of other images but not of "
                            f"{image_id!r}; run `wsseg train` again to compute them")
         return None
+
+    def write_foreground_clusters(self, clusters: dict) -> None:
+        """Round 0's corpus clusters of the foreground path (:func:`tasks.wsss.pipeline.fit_round_clusters`),
+        plain numbers in JSON: they go with round 0."""
+        _write_json(self.round_dir(0) / CLUSTERS, clusters, indent=None)
+
+    def foreground_clusters(self) -> dict | None:
+        """Round 0's corpus clusters (:meth:`write_foreground_clusters`), or None before they are fitted."""
+        return _read_json(self.round_dir(0) / CLUSTERS)
 
     def write_pseudo(self, r: int, image_id: str, label: np.ndarray, name: str = "pseudo") -> None:
         if label.dtype != np.uint8 or label.ndim != 2:

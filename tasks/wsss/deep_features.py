@@ -85,3 +85,20 @@ def classifier_superpixel_features(model: torch.nn.Module, image: np.ndarray, la
 
     _, maps = class_activation_maps(model, image, scales=(scale,), maps_levels=levels_of(strides))
     return pool_superpixels(maps, labels)
+
+
+def stride_columns(encoder: str, strides: tuple[int, ...] = STRIDES, stride: int = 16) -> slice:
+    """The columns of the superpixel features pooled at ``strides`` from an EfficientNet-Lite
+    ``encoder`` (``lite0``, ``lite1``, ``lite2``) that come from ``stride``'s maps.
+
+    >>> stride_columns("lite2"), stride_columns("lite0", (8, 16, 32), 32)
+    (slice(48, 168, None), slice(152, 472, None))
+    """
+    from wsseg.models.efficientnet_lite import _LEVEL_STAGES, stage_table
+
+    if stride not in strides:
+        raise ValueError(f"no stride-{stride} maps among the pooled strides {tuple(strides)}")
+    table = stage_table(encoder)
+    widths = [table[_LEVEL_STAGES[LEVEL_OF_STRIDE[s]]][4] for s in strides]
+    start = sum(widths[:list(strides).index(stride)])
+    return slice(start, start + widths[list(strides).index(stride)])

@@ -3,15 +3,16 @@
 """
 from __future__ import annotations
 
-from typing import Sequence
+from typing import Iterable, NamedTuple, Sequence
 
 import cv2
 import numpy as np
 import scipy.sparse as sp
 from scipy.sparse.linalg import spsolve
 
-__all__ = ["box_grabcut", "evidence_grabcut", "boundary_saliency",
-           "foreground_active", "foreground_probs", "foreground_label"]
+__all__ = ["box_grabcut", "evidence_grabcut", "boundary_saliency", "border_superpixels", "CorpusClusters",
+           "fit_clusters", "cluster_foreground", "start_foreground", "foreground_active", "foreground_probs",
+           "foreground_label"]
 
 
 # ---------------------------------------------------------------------------- foreground evidence
@@ -148,6 +149,114 @@ def boundary_saliency(image: np.ndarray, sp_labels: np.ndarray, *, sigma_colour:
     a = sp.diags(w_bg + w_fg) + lap
     s = spsolve(a.tocsc(), w_fg)
     return np.clip(s, 0.0, 1.0).astype(np.float32)
+
+
+# ---------------------------------------------------------------------------- the corpus-wide view
+def border_superpixels(sp_labels: np.ndarray) -> np.ndarray:
+    """(S,) bool: the superpixels of ``sp_labels`` (ids 0..S-1) that touch the image border."""
+    n = int(sp_labels.max()) + 1
+    out = np.zeros(n, bool)
+    out[np.unique(np.concatenate([sp_labels[0], sp_labels[-1], sp_labels[:, 0], sp_labels[:, -1]]))] = True
+    return out
+
+
+class CorpusClusters(NamedTuple):
+    """Two clusters of the corpus's superpixel features (:func:`fit_clusters`): ``mean`` and
+    ``scale`` standardise a feature row, ``centres`` (2, D) are the clusters' centres in those units,
+    ``object`` the cluster that touches the image borders least, and ``spread`` the median over the
+    fitted rows of the difference of squared distances to the two centres (the unit of
+    :func:`cluster_foreground`'s logistic)."""
+    mean: np.ndarray
+    scale: np.ndarray
+    centres: np.ndarray
+    object: int
+    spread: float
+
+    def to_dict(self) -> dict:
+        """Plain numbers for a JSON file (reading it back runs no code)."""
+        return {"mean": self.mean.tolist(), "scale": self.scale.tolist(), "centres": self.centres.tolist(),
+                "object": int(self.object), "spread": float(self.spread)}
+
+    @classmethod
+    def from_dict(cls, d: dict) -> "CorpusClusters":
+        return cls(np.asarray(d["mean"], np.float64), np.asarray(d["scale"], np.float64),
+                   np.asarray(d["centres"], np.float64), int(d["object"]), float(d["spread"]))
+
+
+def fit_clusters(rows: Iterable[tuple[np.ndarray, np.ndarray]], *, seed: int = 0, iterations: int = 50,
+                 max_rows: int = 200_000) -> CorpusClusters:
+    """k-means (k = 2) over the superpixel features of a corpus's images, and which cluster is
+    the object: the one whose superpixels touch the image borders least.
+
+    One object kind photographed in many scenes: its superpixels resemble each other across the
+    corpus more than the scenes around them do, and the scenes reach the borders. One image's
+    saliency (:func:`boundary_saliency`) calls whatever stands out of its scene foreground; the
+    corpus-wide clusters call foreground what looks like the corpus's objects.
+
+    Parameters
+    ----------
+    rows : per image, its (S, D) superpixel features and its (S,) bool border superpixels
+        (:func:`border_superpixels`)
+    seed : picks the rows kept when there are more than ``max_rows`` (each image's superpixels kept
+        with the same chance) and the starting centres
+    iterations : Lloyd iterations at most (it stops earlier once no row changes cluster)
+    """
+    feats, border = [], []
+    for f, b in rows:
+        if len(f) != len(b):
+            raise ValueError(f"superpixel features of {len(f)} rows against {len(b)} border flags")
+        feats.append(np.asarray(f, np.float64))
+        border.append(np.asarray(b, bool))
+    if not feats:
+        raise ValueError("fit_clusters needs the superpixel features of at least one image")
+    x, b = np.concatenate(feats), np.concatenate(border)
+    rng = np.random.default_rng(seed)
+    if len(x) > max_rows:
+        keep = np.sort(rng.choice(len(x), max_rows, replace=False))
+        x, b = x[keep], b[keep]
+    mean, scale = x.mean(0), x.std(0) + 1e-6
+    z = (x - mean) / scale
+    # starting centres: a seeded row, then the row farthest from it (k-means++ at k = 2, greedy)
+    first = z[rng.integers(len(z))]
+    centres = np.stack([first, z[((z - first) ** 2).sum(1).argmax()]])
+    assign = None
+    for _ in range(iterations):
+        d = _sq_dist(z, centres)
+        new = d.argmin(1)
+        if assign is not None and np.array_equal(new, assign):
+            break
+        assign = new
+        centres = np.stack([z[assign == k].mean(0) if (assign == k).any() else centres[k] for k in range(2)])
+    d = _sq_dist(z, centres)
+    share = [b[assign == k].mean() if (assign == k).any() else 1.0 for k in range(2)]
+    obj = int(np.argmin(share))
+    spread = float(np.median(np.abs(d[:, 0] - d[:, 1]))) or 1.0
+    return CorpusClusters(mean, scale, centres, obj, spread)
+
+
+def _sq_dist(z: np.ndarray, centres: np.ndarray) -> np.ndarray:
+    return (z ** 2).sum(1)[:, None] - 2 * z @ centres.T + (centres ** 2).sum(1)[None]
+
+
+def cluster_foreground(feats: np.ndarray, clusters: CorpusClusters) -> np.ndarray:
+    """(S,) float32 foreground probability of each superpixel of one image from the corpus's
+    clusters: a logistic of how much nearer its features are to the object's centre than to the
+    other's, in units of the corpus's ``spread`` (0.5 where it is as near to both)."""
+    d = _sq_dist((np.asarray(feats, np.float64) - clusters.mean) / clusters.scale, clusters.centres)
+    margin = (d[:, 1 - clusters.object] - d[:, clusters.object]) / clusters.spread
+    return (1.0 / (1.0 + np.exp(-np.clip(margin, -50, 50)))).astype(np.float32)
+
+
+def start_foreground(image: np.ndarray, sp_labels: np.ndarray, feats: np.ndarray | None,
+                     clusters: CorpusClusters | None, cluster_weight: float) -> np.ndarray:
+    """(S,) round 0's foreground probability of each superpixel on the foreground path: the
+    image's saliency (:func:`boundary_saliency`) and the corpus clusters'
+    (:func:`cluster_foreground`), mixed ``1 - cluster_weight`` to ``cluster_weight``; the saliency
+    alone without clusters (a run without superpixel features) or at weight 0."""
+    sal = boundary_saliency(image, sp_labels)
+    if clusters is None or feats is None or cluster_weight == 0:
+        return sal
+    return ((1.0 - cluster_weight) * sal + cluster_weight * cluster_foreground(feats, clusters)).astype(np.float32)
 
 
 # ---------------------------------------------------------------------------- the switch and the evidence

@@ -20,7 +20,8 @@ from wsseg.tasks.corpus.resume import classes_entry, round_inputs, round_view
 from wsseg.tasks.runtime.progress import run_log
 from wsseg.tasks.store import ImageRecord, Store, shard_records
 from wsseg.tasks.wsss.feature_cache import compute_features
-from wsseg.tasks.wsss.pipeline import _worker_setup, foreground_on, prelim_model, preliminary_image, pseudo_image
+from wsseg.tasks.wsss.pipeline import (_worker_setup, foreground_on, prelim_model, preliminary_image, pseudo_image,
+                                      round_clusters)
 from wsseg.tasks.wsss.proposal_classifier import round_mil_model
 
 
@@ -81,16 +82,18 @@ def refresh_shard(run_dir: str, ids: list[str], round_index: int, key: str, conf
         # round 0 of a corpus whose tags carry no contrast: the class-agnostic foreground evidence
         fg_on = foreground_on(store, config)[0] if foreground is None else foreground
         foreground = (r == 0 or needs_cam) and fg_on
+        clusters = round_clusters(store, config) if foreground else None  # round 0's, read once
         corrected = store.corrections().keys()
         round0 = (store.read_classifier("proposal_classifier", 0)["model"], round_mil_model(store, 0)) \
             if needs_prior else None
         for rec in recs:
             if cam_net is not None and not store.has_pseudo(0, rec.image_id, name="cam"):
-                preliminary_image(store, rec, 0, *cam_net, classes, key, config, foreground, corrected)
+                preliminary_image(store, rec, 0, *cam_net, classes, key, config, foreground, corrected, clusters)
             if round0 is not None and not store.has_pseudo(0, rec.image_id):
                 pseudo_image(store, rec, 0, *round0, classes, key, config.proposals, config.seed,
                              config.mil.prior_weight, config.foreground if fg_on else None, corrected)
-            preliminary_image(store, rec, r, net, state, classes, key, config, foreground and r == 0, corrected)
+            preliminary_image(store, rec, r, net, state, classes, key, config, foreground and r == 0, corrected,
+                              clusters)
         seconds["prelim"] = time.perf_counter() - t
         t = time.perf_counter()
         # 3., 5.-7. the round's proposal and MIL classifiers, filtering, fusion, seeded segmentation
