@@ -129,8 +129,7 @@ def boundary_saliency(image: np.ndarray, sp_labels: np.ndarray, *, sigma_colour:
     geo = dijkstra(graph, directed=False)
     geo[~np.isfinite(geo)] = geo[np.isfinite(geo)].max() if np.isfinite(geo).any() else 0.0
     similar = np.exp(-geo ** 2 / (2 * sigma_colour ** 2))
-    border = np.zeros(n, bool)
-    border[np.unique(np.concatenate([sp_labels[0], sp_labels[-1], sp_labels[:, 0], sp_labels[:, -1]]))] = True
+    border = border_superpixels(sp_labels)
     area = similar.sum(1)
     length = similar[:, border].sum(1)
     connectivity = length / np.sqrt(np.maximum(area, 1e-9))

@@ -361,9 +361,9 @@ def fit_round_clusters(store: Store, records: Sequence[ImageRecord], key: str, c
     superpixel features of ``records`` (the trainers' images), each image giving at most its share
     of ``max_rows`` superpixels; stored with round 0 and read back when they are there already
     (a resumed round 0, a refresh of new images)."""
-    got = store.foreground_clusters()
+    got = round_clusters(store, config)
     if got is not None:
-        return fg.CorpusClusters.from_dict(got)
+        return got
     if not records:
         raise ValueError("the foreground path's clusters need at least one training image")
     per_image = max(1, -(-max_rows // len(records)))
