@@ -155,6 +155,14 @@ def _drain_prefect_services(timeout: float = 30.0) -> None:
 DASK_LOG_LENGTH = 0
 #: the environment variable that sets :data:`DASK_LOG_LENGTH` in a ``dask scheduler`` or ``dask worker``
 DASK_ENVIRON = {"DASK_DISTRIBUTED__ADMIN__LOW_LEVEL_LOG_LENGTH": str(DASK_LOG_LENGTH)}
+#: Compiled oneDNN kernels a worker keeps (``ONEDNN_PRIMITIVE_CACHE_CAPACITY``, 1024 by default).
+#: torch's CPU convolutions compile one per layer and input shape, and a corpus of photos has
+#: almost as many shapes as images: a process running round 0's CAM pass over msrc21 images at
+#: 300 sizes rose from 1.1 to 2.2 GB, at 40 sizes it stayed at 0.7 GB, and at 300 sizes with 64
+#: kernels kept at 0.72 GB in the same CPU time (54.8 against 57.4 core-s; 2026-12-07,
+#: docs/large-corpora.md#memory). The trainers, which see few shapes, run in the command's process
+#: and keep the default.
+ONEDNN_KERNELS = 64
 
 
 @contextlib.contextmanager
@@ -327,7 +335,8 @@ def state_dir(run_dir) -> Path:
 
 def worker_environ() -> dict:
     """The environment Dask's nanny gives our worker processes: its defaults (one BLAS/OpenMP
-    thread) and :data:`DASK_ENVIRON`, without ``MALLOC_TRIM_THRESHOLD_``. Setting that variable at all switches off
+    thread), :data:`DASK_ENVIRON` and at most :data:`ONEDNN_KERNELS` compiled oneDNN kernels (a value of
+    the user's own ``ONEDNN_PRIMITIVE_CACHE_CAPACITY`` is kept), without ``MALLOC_TRIM_THRESHOLD_``. Setting that variable at all switches off
     glibc's adaptive mmap threshold, so every array above 128 KiB (a class-probability map of
     one photo is megabytes) is mapped and unmapped afresh and its pages faulted in again: the
     round-1 preliminary stage of msrc21 (276 images, 2 workers) took 41.8 s with it and 22.4 s
@@ -337,6 +346,7 @@ def worker_environ() -> dict:
     import distributed  # noqa: F401  (loads the distributed.* defaults into dask.config)
 
     env = dict(dask.config.get("distributed.nanny.pre-spawn-environ")) | DASK_ENVIRON
+    env.setdefault("ONEDNN_PRIMITIVE_CACHE_CAPACITY", os.environ.get("ONEDNN_PRIMITIVE_CACHE_CAPACITY", str(ONEDNN_KERNELS)))
     dask_value = env.pop("MALLOC_TRIM_THRESHOLD_", None)
     # a nanny also writes these variables into this process's environment, which later workers
     # inherit: drop Dask's value there too (a value of the user's own is kept)

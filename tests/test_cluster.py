@@ -116,8 +116,10 @@ def test_ingest_and_a_round_on_an_existing_cluster_equal_the_local_cluster(tmp_p
     with Client(address, timeout=60, set_as_default=False) as client:
         executed = client.run(lambda dask_worker: dask_worker.state.executed_count)
         # the workers' environment came from the nanny preload flows.nanny, as the local cluster's does
-        env = client.run(lambda: {k: os.environ.get(k) for k in ("OMP_NUM_THREADS", "MALLOC_TRIM_THRESHOLD_")})
-    assert all(e == {"OMP_NUM_THREADS": "1", "MALLOC_TRIM_THRESHOLD_": None} for e in env.values()), env
+        env = client.run(lambda: {k: os.environ.get(k) for k in ("OMP_NUM_THREADS", "MALLOC_TRIM_THRESHOLD_",
+                                                                 "ONEDNN_PRIMITIVE_CACHE_CAPACITY")})
+    assert all(e == {"OMP_NUM_THREADS": "1", "MALLOC_TRIM_THRESHOLD_": None, "ONEDNN_PRIMITIVE_CACHE_CAPACITY": "64"}
+               for e in env.values()), env
     assert len(executed) == 2 and all(n > 0 for n in executed.values()), executed
     assert not list((tmp_path / "ext").glob("dask-scratch/**/worker-*"))
     # ... and reported to the command's Prefect API: every shard task of the run is recorded there,

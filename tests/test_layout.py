@@ -89,6 +89,7 @@ TOOLS_RUN_BY = {
     "bench_store.py": "docs/benchmarks.md",
     "bench_task_cost.py": "docs/benchmarks.md",
     "bench_trainers.py": "docs/benchmarks.md",
+    "bench_worker_memory.py": "docs/large-corpora.md",
     "bench_workers.py": "docs/large-corpora.md",
     "gpu_check.py": "docs/benchmarks.md",
     "import_graph.py": "tests/test_layout.py",
