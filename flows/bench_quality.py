@@ -5,7 +5,7 @@ One command, one Prefect flow run (:func:`bench_quality`), one Dask cluster:
 1. ingest the dataset folder into the run directory and run ``train_wsss`` on the config's split
    (the method reads tags only; masks are read only by the evaluation steps below);
 2. baselines on the same images: ``cam`` (round 0's CAM labels) and ``cam_crf`` (round 0's
-   preliminary probabilities refined by a dense CRF over the tagged classes only,
+   CAM probabilities refined by a dense CRF over the tagged classes only,
    :func:`tasks.wsss.crf.cam_crf_shard`, in shard tasks on Dask);
 3. the final round's segmentation model, evaluated on ``eval_split``;
 4. the same network trained on the ground-truth masks of the split with the final model's
@@ -86,7 +86,7 @@ def bench_quality(data: str, run_dir: str, config: WSSSConfig, out: str, eval_sp
     # background, GrabCut from a box inset 10% from the border
     with quality.timed(stages, "baselines"):
         run_shards(cam_crf_task, shards_of(records, config.shard_size), "cam+crf", per_shard=handing(records),
-                   run_dir=str(store.root), crf=crf)
+                   run_dir=str(store.root), crf=crf, from_cam=bool(summary.get("foreground")))
         sources = [[0, "cam"], [0, "cam_crf"], [final_r, "pseudo"]]
         if store.classes().background is not None:
             run_shards(box_grabcut_task, shards_of(records, config.shard_size), "box grabcut",

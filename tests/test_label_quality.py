@@ -310,6 +310,23 @@ def test_one_class_corpus_warns_at_ingest_and_train_and_takes_the_foreground_pat
                                      cfg.proposals, cfg.seed, cfg.mil.prior_weight, cfg.foreground)
         np.testing.assert_array_equal(store.pseudo(0, rec.image_id), want)
         assert set(np.unique(want)) <= {0, 1}
+    # the CAM + dense CRF baseline of `bench quality` refines the image classifier's CAM (whose labels
+    # round 0 stored as "cam"), not the preliminary result, which on this path is the method's own start
+    from wsseg.tasks.wsss.crf import cam_crf_shard, crf_labels
+
+    ids = [r.image_id for r in store.manifest()]
+    cam_crf_shard(str(run), ids, from_cam=True, name="cam_crf")
+    cam_crf_shard(str(run), ids, name="start_crf")
+    model, state = store.read_model("classifier")
+    differ = 0
+    for rec in store.manifest():
+        image, allowed = store.image(rec.image_id), classes.tag_vector(rec.tags)
+        cam = pl.cam_probs(model, state, image, allowed, classes, cfg.classifier)
+        np.testing.assert_array_equal(store.pseudo(0, rec.image_id, name="cam"), pl.labels_from_prob(cam))
+        np.testing.assert_array_equal(store.pseudo(0, rec.image_id, name="cam_crf"), crf_labels(image, cam, allowed))
+        differ += not np.array_equal(store.pseudo(0, rec.image_id, name="cam_crf"),
+                                     store.pseudo(0, rec.image_id, name="start_crf"))
+    assert differ > 0
     # the stopping rule's tag coverage, recomputed from the stored labels: the object tag and the
     # implicit background on every image
     from wsseg.tasks.common.metrics import tag_coverage, tag_log_shares
