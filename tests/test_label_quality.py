@@ -63,14 +63,31 @@ def test_the_same_tag_set_everywhere_and_no_background():
 def test_tags_with_contrast_raise_nothing():
     s = tag_statistics([["cow", "grass"], ["grass", "sky"], ["cow"]], ["grass", "cow", "sky"])
     assert s["on_every_image"] == [] and contrast_warnings(s) == []
+    assert s["one_tag_share"] == pytest.approx(1 / 3)
     assert not foreground_active(s | {"implicit_background": "background"}, "auto")
+
+
+def test_photos_of_one_object_each_take_the_foreground_path():
+    """Many classes with an implicit background, most images one tag (msrc21's object classes):
+    the path is on; scenes of several tagged objects each (coco128) keep it off."""
+    names = ["background", "cow", "dog", "car"]
+    objects = tag_statistics([["cow"], ["dog"], ["car"], ["cow", "dog"]], names, background=0)
+    assert objects["on_every_image"] == [] and objects["one_tag_share"] == 0.75
+    assert foreground_active(objects, "auto") and not foreground_active(objects, "off")
+    scenes = tag_statistics([["cow", "dog"], ["dog", "car"], ["car"], ["cow", "car", "dog"]], names, background=0)
+    assert scenes["one_tag_share"] == 0.25 and not foreground_active(scenes, "auto") and foreground_active(scenes, "on")
+    # exactly at the share the path is on; without an implicit background never
+    half = tag_statistics([["cow"], ["cow", "dog"]], names, background=0)
+    assert half["one_tag_share"] == 0.5 and foreground_active(half, "auto")
+    assert not foreground_active(tag_statistics([["cow"], ["dog"]], names[1:]), "auto")
     # a single image is no corpus to warn about
     assert contrast_warnings(tag_statistics([["cow"]], ["cow"])) == []
 
 
 def test_msrc21_and_coco128_tags_keep_the_foreground_path_off():
     """The bundled sample, and the shared corpora where present: every class of msrc21 and
-    coco128 has images without it."""
+    coco128 has images without it, msrc21 has no implicit background and coco128's images are
+    scenes of several tags (one tag on 0.22 of them)."""
     import csv
 
     shared = ROOT.parent / "shared" / "data"

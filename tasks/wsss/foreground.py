@@ -265,14 +265,23 @@ def start_foreground(image: np.ndarray, sp_labels: np.ndarray, feats: np.ndarray
 
 
 # ---------------------------------------------------------------------------- the switch and the evidence
+#: The share of a corpus's tagged images with one tag from which ``foreground.mode=auto`` takes the
+#: path on a corpus of many classes with an implicit background (2026-12-07): msrc21's 13 object
+#: classes and person (0.96 of the images one tag) 0.691 -> 0.766 mIoU of the final labels, every
+#: error there between an object and the background; coco128 (0.22, scenes of 2.8 tags an image)
+#: fell on it from 0.202 to 0.094 at round 0, its background IoU 0.704 -> 0.362.
+OBJECT_CENTRIC = 0.5
+
 def foreground_active(stats: dict, mode: str) -> bool:
     """Whether the class-agnostic foreground path is on: ``mode`` ``on`` / ``off``, or ``auto``:
-    on when the corpus has an implicit background and some object class is tagged on every image
-    (:func:`tasks.corpus.tags.tag_statistics`). Never without an implicit background: the evidence separates
-    objects from background, and such a corpus has none."""
+    on when the corpus has an implicit background and either some object class is tagged on every
+    image or at least :data:`OBJECT_CENTRIC` of its images carry one tag
+    (:func:`tasks.corpus.tags.tag_statistics`): photos of one object on a background, which the
+    path's corpus clusters and whole-image GrabCut separate. Never without an implicit background:
+    the evidence separates objects from background, and such a corpus has none."""
     if stats["implicit_background"] is None or mode == "off":
         return False
-    return mode == "on" or bool(stats["on_every_image"])
+    return mode == "on" or bool(stats["on_every_image"]) or stats.get("one_tag_share", 0.0) >= OBJECT_CENTRIC
 
 
 def foreground_probs(saliency: np.ndarray, cam_prob: np.ndarray, allowed: np.ndarray, background: int) -> np.ndarray:
