@@ -174,8 +174,8 @@ def markdown(res: dict) -> str:
     lines += ["", "Pseudo-labels of each corpus's training split against its masks (read only to measure): ours "
                   "(the final round's), round 0's CAM, CAM + dense CRF and GrabCut from a box inset 10% from the "
                   "border; object IoU: the one class's IoU on a one-class corpus; mIoU (background included) "
-                  "otherwise. On a one-class corpus (the foreground path) the dense CRF refines round 0's start "
-                  "(its saliency and corpus clusters), not the CAM.", "", "Targets" + ("" if res.get("at_defaults") else
+                  "otherwise. The dense CRF refines the image classifier's CAM, also on the foreground path, "
+                  "where round 0's own start (saliency and corpus clusters) replaces the CAM.", "", "Targets" + ("" if res.get("at_defaults") else
                                                 " (set at the default configuration; this run used another)") + ":"]
     for t in res["targets"]:
         detail = ""
