@@ -233,8 +233,8 @@ class InferenceConfig(BaseModel):
 
 class ForegroundConfig(BaseModel):
     """Class-agnostic foreground evidence for implicit-background corpora whose tags carry no
-    contrast (a class tagged on every image), where the image classifier has nothing to learn
-    (:mod:`tasks.wsss.foreground`)."""
+    contrast (a class tagged on every image), where the image classifier has nothing to learn, or
+    whose photos hold one tagged object each (:mod:`tasks.wsss.foreground`)."""
 
     model_config = ConfigDict(extra="forbid")
 

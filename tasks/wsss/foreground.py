@@ -1,5 +1,6 @@
-"""The class-agnostic foreground evidence that serves corpora whose tags carry no contrast
-(:mod:`tasks.corpus.tags` finds them: a class tagged on every image, or one tag set for all).
+"""The class-agnostic foreground evidence that serves corpora with an implicit background whose
+tags carry no contrast (:mod:`tasks.corpus.tags` finds them: a class tagged on every image, or one
+tag set for all) or whose photos hold one tagged object each (:func:`foreground_active`).
 """
 from __future__ import annotations
 
