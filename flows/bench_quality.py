@@ -86,7 +86,8 @@ def bench_quality(data: str, run_dir: str, config: WSSSConfig, out: str, eval_sp
     # background, GrabCut from a box inset 10% from the border
     with quality.timed(stages, "baselines"):
         run_shards(cam_crf_task, shards_of(records, config.shard_size), "cam+crf", per_shard=handing(records),
-                   run_dir=str(store.root), crf=crf, from_cam=bool(summary.get("foreground")))
+                   run_dir=str(store.root), crf=crf,
+                   cam=config.classifier if summary.get("foreground") else None)
         sources = [[0, "cam"], [0, "cam_crf"], [final_r, "pseudo"]]
         if store.classes().background is not None:
             run_shards(box_grabcut_task, shards_of(records, config.shard_size), "box grabcut",

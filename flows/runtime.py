@@ -346,7 +346,8 @@ def worker_environ() -> dict:
     import distributed  # noqa: F401  (loads the distributed.* defaults into dask.config)
 
     env = dict(dask.config.get("distributed.nanny.pre-spawn-environ")) | DASK_ENVIRON
-    env.setdefault("ONEDNN_PRIMITIVE_CACHE_CAPACITY", os.environ.get("ONEDNN_PRIMITIVE_CACHE_CAPACITY", str(ONEDNN_KERNELS)))
+    kernels = os.environ.get("ONEDNN_PRIMITIVE_CACHE_CAPACITY", str(ONEDNN_KERNELS))  # a user's own value kept
+    env.setdefault("ONEDNN_PRIMITIVE_CACHE_CAPACITY", kernels)
     dask_value = env.pop("MALLOC_TRIM_THRESHOLD_", None)
     # a nanny also writes these variables into this process's environment, which later workers
     # inherit: drop Dask's value there too (a value of the user's own is kept)

@@ -242,8 +242,9 @@ class ForegroundConfig(BaseModel):
         "class-agnostic foreground path (round 0's objects from boundary-connectivity saliency, not the CAMs); "
         "auto: on with an implicit background when an object class is tagged on every training image or at "
         "least half of the images carry one tag (photos of one object each; a corpus of scenes with several "
-        "tagged objects an image, such as coco128, stays off); on / off: always / never; on the path each pseudo-label is GrabCut of the whole image from the mean foreground "
-        "evidence (tasks.wsss.foreground.foreground_label), not fusion and seeding, see "
+        "tagged objects an image, such as coco128, stays off); on / off: always / never; on the path each "
+        "pseudo-label is GrabCut of the whole image from the mean foreground evidence "
+        "(tasks.wsss.foreground.foreground_label), not fusion and seeding, see "
         "docs/benchmarks.md#foreground-path and docs/method.md#class-agnostic-foreground-path"))
     grabcut_sure: float = Field(0.85, gt=0.5, le=1, description=(
         "foreground probability above which a pixel starts as sure foreground (above 0.5: probable)"))

@@ -332,7 +332,7 @@ def test_one_class_corpus_warns_at_ingest_and_train_and_takes_the_foreground_pat
     from wsseg.tasks.wsss.crf import cam_crf_shard, crf_labels
 
     ids = [r.image_id for r in store.manifest()]
-    cam_crf_shard(str(run), ids, from_cam=True, name="cam_crf")
+    cam_crf_shard(str(run), ids, cam=cfg.classifier, name="cam_crf")
     cam_crf_shard(str(run), ids, name="start_crf")
     model, state = store.read_model("classifier")
     differ = 0

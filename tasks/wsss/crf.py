@@ -41,6 +41,7 @@ import cv2
 import numpy as np
 import torch
 
+from wsseg.tasks.config import ClassifierConfig
 from wsseg.tasks.store import ImageRecord, Store, shard_records
 
 __all__ = ["dense_crf", "pydensecrf_available", "crf_labels", "cam_crf_shard", "CRF_DEFAULTS"]
@@ -310,11 +311,11 @@ def crf_labels(image: np.ndarray, prob: np.ndarray, allowed: np.ndarray, *, back
 
 
 def cam_crf_shard(run_dir: str, ids: list[str], crf: dict | None = None, round_index: int = 0,
-                  name: str = "cam_crf", records: list[ImageRecord] | None = None, from_cam: bool = False) -> dict:
+                  name: str = "cam_crf", records: list[ImageRecord] | None = None, cam: ClassifierConfig | None = None) -> dict:
     """The CAM + CRF baseline for one shard: round ``round_index``'s preliminary probabilities
     of each image, refined by :func:`crf_labels`, stored as ``store.pseudo(round, id, name)``.
-    With ``from_cam``, the image classifier's CAM probabilities computed again
-    (:func:`tasks.wsss.pipeline.cam_probs` at the run's ``classifier`` settings) instead: on the
+    With ``cam`` (the run's ``classifier`` settings), the image classifier's CAM probabilities
+    computed again (:func:`tasks.wsss.pipeline.cam_probs`) instead: on the
     class-agnostic foreground path round 0's preliminary result is the method's own start, not
     the CAM, and a baseline refined from it would credit the CRF with the method's work.
     Images already stored are skipped, so an interrupted run resumes."""
@@ -323,26 +324,24 @@ def cam_crf_shard(run_dir: str, ids: list[str], crf: dict | None = None, round_i
     classes = store.classes()
     t0 = time.perf_counter()
     done = 0
-    cam = _cam_source(store) if from_cam else None
+    cam_of = _cam_source(store, cam) if cam is not None else None
     with store.packing(store.shard_name(ids)):  # the shard's labels as one pack
         for rec in shard_records(store, ids, records):
             if store.has_pseudo(round_index, rec.image_id, name=name):
                 continue
             image, allowed = store.image(rec.image_id), classes.tag_vector(rec.tags)
-            prob = cam(image, allowed) if cam else store.prelim(round_index, rec.image_id, classes.n)
+            prob = cam_of(image, allowed) if cam_of else store.prelim(round_index, rec.image_id, classes.n)
             label = crf_labels(image, prob, allowed, **(crf or {}))
             store.write_pseudo(round_index, rec.image_id, label, name=name)
             done += 1
     return {"images": len(ids), "computed": done, "seconds": time.perf_counter() - t0}
 
 
-def _cam_source(store: Store):
+def _cam_source(store: Store, cfg: ClassifierConfig):
     """``(image, allowed) -> (K, H, W)`` CAM probabilities of the run's image classifier, as round
     0 computes them before the foreground path replaces them."""
-    from wsseg.tasks.config import WSSSConfig, without_removed
     from wsseg.tasks.wsss.pipeline import cam_probs
 
     classes = store.classes()
-    cfg = WSSSConfig.model_validate(without_removed(store.read_config())).classifier
     model, state = store.read_model("classifier")
     return lambda image, allowed: cam_probs(model, state, image, allowed, classes, cfg)

@@ -282,7 +282,7 @@ def foreground_active(stats: dict, mode: str) -> bool:
     the evidence separates objects from background, and such a corpus has none."""
     if stats["implicit_background"] is None or mode == "off":
         return False
-    return mode == "on" or bool(stats["on_every_image"]) or stats.get("one_tag_share", 0.0) >= OBJECT_CENTRIC
+    return mode == "on" or bool(stats["on_every_image"]) or stats["one_tag_share"] >= OBJECT_CENTRIC
 
 
 def foreground_probs(saliency: np.ndarray, cam_prob: np.ndarray, allowed: np.ndarray, background: int) -> np.ndarray:
