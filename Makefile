@@ -4,7 +4,7 @@ VENV   ?= .venv
 BIN     = $(VENV)/bin
 STAMP   = $(VENV)/.installed
 
-.PHONY: demo test install browser labelstudio clean
+.PHONY: demo test install browser labelstudio figures clean
 
 $(STAMP): pyproject.toml requirements.lock
 	$(PYTHON) -m venv $(VENV)
@@ -48,6 +48,11 @@ labelstudio: $(LS_STAMP)
 
 test: $(STAMP) browser $(LS_STAMP)
 	$(BIN)/python -m pytest -q
+
+# docs/figures.md, written from the benchmarks' result JSONs kept in docs/results (never by hand):
+# to refresh a figure, run the command under its table with its --out in docs/results, then this
+figures: $(STAMP)
+	$(BIN)/wsseg bench report docs/results --out docs/figures.md
 
 clean:
 	rm -rf runs .pytest_cache

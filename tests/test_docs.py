@@ -128,6 +128,22 @@ def test_the_docs_index_exists_and_the_readme_links_into_docs():
     assert "docs/README.md" in targets and "docs/benchmarks.md" in targets
 
 
+#: what `make figures` runs, from the repository root
+FIGURES_COMMAND = "wsseg bench report docs/results --out docs/figures.md"
+
+
+def test_the_figures_page_is_the_report_of_the_kept_results(monkeypatch):
+    """docs/figures.md is what `make figures` writes from the result JSONs in docs/results: a figure
+    edited by hand, or a result added or replaced without writing the page again, fails here."""
+    from wsseg.tasks.bench.report import collect, render
+
+    monkeypatch.chdir(ROOT)
+    assert f"$(BIN)/{FIGURES_COMMAND}" in (ROOT / "Makefile").read_text(encoding="utf-8")
+    results, skipped = collect(["docs/results"])
+    assert not skipped, f"docs/results holds JSON files that are no benchmark result: {skipped}"
+    page = (ROOT / "docs" / "figures.md").read_text(encoding="utf-8")
+    assert render(results, FIGURES_COMMAND) == page, "docs/figures.md is not the report of docs/results: run `make figures`"
+
 @pytest.mark.parametrize("heading, expected", [
     ("Defaults and why", "defaults-and-why"),
     ("Very large images: memory", "very-large-images-memory"),

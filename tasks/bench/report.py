@@ -493,7 +493,8 @@ def render(results: list[Result], command: str) -> str:
              "benchmarks, then this command again.*", "", "# Today's figures", "",
              "Each table is followed by the command that produced its figures, with its date and machine. What "
              "the figures mean and the decisions they support: [benchmarks.md](benchmarks.md#what-the-figures-mean); "
-             "their earlier values: [journal.md](journal.md)."]
+             "their earlier values: [journal.md](journal.md). To refresh a figure, run the command under its table "
+             "again with its `--out` among the JSONs this page reads, then the command above."]
     for key, (heading, section) in SECTIONS.items():
         body = section(by_kind.get("quality" if key == "share" else key, []))
         if by_kind.get("quality" if key == "share" else key) and body:
