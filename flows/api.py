@@ -241,7 +241,7 @@ def train(run_dir: PathLike = DEFAULT_RUN_DIR, *, config: "Mapping[str, Any] | W
     A damaged file met on the way that was computed (a pack, a checkpoint) is computed again (see
     :func:`check`); a damaged corpus file stops it with the line naming the file.
 
-    Returns the run's summary (what ``summary.json`` and ``--json`` hold): ``rounds`` (one row per
+    Returns the run's summary (what :meth:`Store.read_summary` and ``--json`` give): ``rounds`` (one row per
     round: ``miou`` and the other measures), ``final_round``, ``stop_reason``, ``converged``,
     ``final_model``, ``images``, ``wall_seconds``, ...
     """

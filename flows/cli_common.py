@@ -100,7 +100,7 @@ def run_root(run_dir):
 
 def config_args(p: argparse.ArgumentParser, resume: bool = False) -> None:
     """The configuration's options. ``resume`` (``train``): they apply to the run directory's
-    recorded configuration (config.json), not to the defaults, and --defaults, --recompute are added."""
+    recorded configuration (:meth:`Store.read_config`), not to the defaults, and --defaults, --recompute are added."""
     p.add_argument("--rounds", type=int, default=None, help="round budget (default from the config: 3)")
     p.add_argument("--network", "--model", dest="network", default=None, metavar="NAME",
                    help="segmentation network from the registry: lite (ImageNet-pretrained EfficientNet-Lite0), "
@@ -134,11 +134,11 @@ def config_args(p: argparse.ArgumentParser, resume: bool = False) -> None:
 
 
 def run_configuration(run_dir) -> dict:
-    """The configuration a run directory's results were computed with (RUN/config.json, without where
-    the work ran), as JSON. A run whose first `train` was stopped before its end has no config.json
-    yet (it is written when a train finishes): then the configuration its newest finished round
-    recorded (inputs.json: every field but the round budget, from its decision when the budget ended
-    the rounds, and the inference settings); empty (the defaults) for a run directory with neither."""
+    """The configuration a run directory's results were computed with (:meth:`Store.read_config`,
+    without where the work ran), as JSON. A run whose first `train` was stopped before its end has no
+    recorded configuration yet (it is written when a train finishes): then the configuration its
+    newest finished round recorded (:meth:`Store.round_inputs`: every field but the round budget, from
+    its decision when the budget ended the rounds, and the inference settings); empty (the defaults) for a run directory with neither."""
     from wsseg.tasks.config import recorded_config, without_removed
     from wsseg.tasks.store import Store
 

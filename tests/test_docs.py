@@ -144,6 +144,7 @@ def test_the_figures_page_is_the_report_of_the_kept_results(monkeypatch):
     page = (ROOT / "docs" / "figures.md").read_text(encoding="utf-8")
     assert render(results, FIGURES_COMMAND) == page, "docs/figures.md is not the report of docs/results: run `make figures`"
 
+
 @pytest.mark.parametrize("heading, expected", [
     ("Defaults and why", "defaults-and-why"),
     ("Very large images: memory", "very-large-images-memory"),

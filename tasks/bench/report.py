@@ -10,7 +10,7 @@ given:
   trainers' sample (quality results of the same data and configuration but for ``train_images``);
 * ultra-high resolution (``bench highres``); pipeline cost (``bench pipeline``); scale
   (``bench scale``); training throughput (``bench train``); a person's corrections
-  (``bench corrections``); the demo's rounds (its ``summary.json``).
+  (``bench corrections``); the demo's rounds (its run summary, :meth:`Store.summary_path`).
 
 Each kind is recognised by its keys (:func:`kind_of`); the page is the same bytes for the same
 files and command (results sorted, floats at fixed decimals: 3 for an mIoU).
@@ -121,7 +121,7 @@ def _folder_jsons(folder: Path) -> list[Path]:
 def collect(paths: Sequence[str | os.PathLike]) -> tuple[list[Result], list[str]]:
     """The results of ``paths`` (files, or folders searched for them) and the files of the folders
     that were left out (no benchmark's result). A file named on its own must be a result; in a
-    folder, a ``summary.json`` counts only when ``wsseg demo`` wrote it (a bench's run directory
+    folder, a run summary counts only when ``wsseg demo`` wrote it (a bench's run directory
     holds its own). A result found twice (the same file, or MLflow's copy of it) is taken once."""
     results, skipped, seen = [], [], set()
     for given in paths:
