@@ -13,14 +13,17 @@ from wsseg.tasks.store import MANIFEST_SCHEMA, ClassSpec, ImageRecord, Store
 SPLITS = ("train", "val", "test")
 
 
-def corpus(tmp_path, n: int = 1000, footer: bool = True) -> Store:
+def corpus(tmp_path, n: int = 1000, footer: bool = True, row_group: int | None = None) -> Store:
     """A run directory whose manifest has ``n`` rows of three interleaved splits (no image: the
-    manifest alone), half of them with a mask; without ``footer`` as an older wsseg wrote it."""
+    manifest alone), half of them with a mask; without ``footer`` as an older wsseg wrote it (one
+    row group); ``row_group``: its rows a Parquet row group (the store's default otherwise)."""
     rng = random.Random(7)
     records = [ImageRecord(f"im{i:05d}", 8, 8, tuple(rng.sample(["cow", "grass", "sky"], rng.randint(0, 2))),
                            f"{i:064x}", rng.choice(SPLITS), f"im{i:05d}.jpg", rng.random() < 0.5)
                for i in range(n)]
     store = Store(tmp_path / "run")
+    if row_group is not None:
+        store.ROW_GROUP = row_group
     store.write_corpus(records, ClassSpec(("cow", "grass", "sky")))
     if not footer:
         pq.write_table(pa.Table.from_pylist([r.__dict__ | {"tags": list(r.tags)} for r in records],
@@ -33,19 +36,27 @@ def ids(shards) -> list[list[str]]:
     return [[r.image_id for r in s] for s in shards]
 
 
-@pytest.mark.parametrize("footer", [True, False])
-def test_streamed_shards_are_the_shards_of_the_manifest(tmp_path, footer):
+@pytest.mark.parametrize("footer,row_group", [(True, None), (True, 100), (False, None)])
+def test_streamed_shards_are_the_shards_of_the_manifest(tmp_path, footer, row_group):
     """For every split, shard size and bound on shards (those below make max_shards grow the
     shards), the streamed shards hold the same images in the same order as ``shards_of`` cuts the
     whole manifest's rows, also those of a filter; the split's count and corpus hash are the
-    manifest's, read from the footer or, for an older manifest, counted."""
+    manifest's, read from the footer or, for an older manifest, counted. A manifest is written in
+    row groups of the store's size (a streamed read holds one) and read the same in batches that
+    do not line up with them."""
     from wsseg.flows.wsss import shards_of, stream_shards
     from wsseg.tasks.config import shard_size_for
     from wsseg.tasks.corpus.resume import corpus_entry
 
-    store = corpus(tmp_path, footer=footer)
+    store = corpus(tmp_path, footer=footer, row_group=row_group)
+    groups = pq.ParquetFile(store.corpus_dir / "manifest.parquet").metadata.num_row_groups
+    assert groups == (1 if not footer else -(-1000 // (row_group or Store.ROW_GROUP)))
+    whole = store.manifest()
+    assert [r.image_id for r in whole] == [f"im{i:05d}" for i in range(1000)]
+    store.RECORD_SLICE = 7  # records made a few rows at a time, across the batches' ends
+    assert list(store.manifest_records()) == whole
     store.MANIFEST_BATCH = 64  # several Parquet batches per split
-    assert list(store.manifest_records()) == store.manifest()
+    assert list(store.manifest_records()) == whole
     for split in SPLITS + ("none",):
         rows = store.manifest(split)
         assert list(store.manifest_records(split)) == rows
@@ -183,3 +194,22 @@ def test_every_flow_that_submits_shard_tasks_pickles_its_function_by_reference()
         copy = on_cluster(f, "tcp://127.0.0.1:1")  # a copy with a Dask task runner (nothing connects)
         assert pickle.loads(pickle.dumps(copy.fn)) is f.fn, name
         assert len(cloudpickle.dumps(f.fn)) < 200, name  # a reference, not the code and its globals
+
+
+@pytest.mark.parametrize("chosen", [None, "mimalloc"])
+def test_a_command_takes_arrow_buffers_from_the_system_allocator_unless_the_user_chose(tmp_path, chosen):
+    """A command's set-up (``flows.runtime.prepare``) gives pyarrow the C library's allocator in its
+    own process, which imported pyarrow already, and in the processes it starts; a pool the user
+    named in ARROW_DEFAULT_MEMORY_POOL is kept."""
+    import os
+    import subprocess
+    import sys
+
+    code = ("import os, sys, pyarrow as pa; from wsseg.flows.runtime import prepare; prepare(sys.argv[1]); "
+            "print(pa.default_memory_pool().backend_name, os.environ['ARROW_DEFAULT_MEMORY_POOL'])")
+    env = {k: v for k, v in os.environ.items() if k != "ARROW_DEFAULT_MEMORY_POOL"}
+    if chosen:
+        env["ARROW_DEFAULT_MEMORY_POOL"] = chosen
+    out = subprocess.run([sys.executable, "-c", code, str(tmp_path / "run")], env=env, capture_output=True,
+                         text=True, timeout=120, check=True).stdout.split()
+    assert out == ([chosen, chosen] if chosen else ["system", "system"])

@@ -1037,8 +1037,12 @@ class Store:
                       n.endswith(".json"))
 
     # ------------------------------------------------------------------ the manifest, streamed
-    #: manifest rows a streamed read holds at a time (:meth:`manifest_batches`): about 10 MB of records
-    MANIFEST_BATCH = 16384
+    #: manifest rows a streamed read holds at a time (:meth:`manifest_batches`), as many as a row
+    #: group (:attr:`ROW_GROUP`): a batch spanning two groups would hold both groups' column chunks
+    MANIFEST_BATCH = 4096
+    #: rows turned into Python records at a time (:meth:`manifest_records`): a batch's worth at once
+    #: was about 1 KB a row of dicts and strings beside the batch
+    RECORD_SLICE = 256
 
     def manifest_batches(self, split: str | None = None, columns: Sequence[str] | None = None,
                          batch_size: int | None = None) -> Iterator[pa.RecordBatch]:
@@ -1071,8 +1075,9 @@ class Store:
     def manifest_records(self, split: str | None = None) -> Iterator[ImageRecord]:
         """:meth:`manifest`'s records, the same ones in the same order, read a batch at a time."""
         for batch in self.manifest_batches(split):
-            for r in batch.to_pylist():
-                yield ImageRecord(**(r | {"tags": tuple(r["tags"])}))
+            for start in range(0, batch.num_rows, self.RECORD_SLICE):
+                for r in batch.slice(start, self.RECORD_SLICE).to_pylist():
+                    yield ImageRecord(**(r | {"tags": tuple(r["tags"])}))
 
     def split_rows(self, split: str | None = None):
         """The rows of ``split`` as a :class:`tasks.store.stream.ManifestRows`: iterated like
@@ -1302,8 +1307,12 @@ class Store:
         return self._read_parquet(path).to_pylist()
 
     #: rows of a Parquet row group: a streamed read (:meth:`manifest_batches`) holds one group's
-    #: column chunks at a time (pyarrow's default, 2^20 rows, made the manifest of 10^6 images one group)
-    ROW_GROUP = 65536
+    #: column chunks at a time (pyarrow's default, 2^20 rows, made the manifest of 10^6 images one
+    #: group). With groups of 65536 rows a read of msrc21's manifest grew by 11 MB of Arrow buffers
+    #: at 2 x 10^4 rows and 83 MB of memory at 10^6; with 4096 rows it stays near its 10^3 figure,
+    #: while the footer that every reader parses grows by about 7 KB a group, 16 MB at 10^7 rows
+    #: (docs/large-corpora.md#the-manifest-read)
+    ROW_GROUP = 4096
 
     def _put_parquet(self, table: pa.Table, path: Path) -> None:
         """A Parquet file: locally a temporary file renamed into place, remotely one put."""
