@@ -9,7 +9,7 @@ a round's shard stages on 2, 16 and 128 workers, the trainers and export.
 Every figure that grows is a straight line through the two measured sizes (one that did not grow
 stays at the larger size's): by shard (tasks a stage, at most ``max_shards``) for the store's files
 and the scheduler, whose growth follows the packs and the task states; by image for the bytes and
-the flow; both for a worker, whose growth between the sizes is not explained; the shard stages' CPU per image is the larger
+the flows of ingest (which holds every record of the corpus) and train; both for a worker, whose growth between the sizes is not explained; the shard stages' CPU per image is the larger
 size's, over every round the benchmark ran, at the parallel efficiency its two workers reached
 (assumed to hold at 16 and 128 workers, which nothing here measured), plus 0.2 s a shard task
 (docs/benchmarks.md#shard-task-cost). The trainers learned from the benchmark's sample
@@ -81,6 +81,7 @@ def model(scale: dict) -> dict:
         "ingest_wall_ms": 1000.0 * large["steps"]["ingest"]["wall_seconds"] / n2,
         "export_wall_ms": 1000.0 * large["steps"]["export"]["wall_seconds"] / n2,
         "flow_mb": tuple(max(s["steps"][k]["peak_rss_mb"]["flow"] for k in ("train", "rerun")) for s in (small, large)),
+        "ingest_flow_mb": tuple(s["steps"]["ingest"]["peak_rss_mb"]["flow"] for s in (small, large)),
         "worker_mb": (_peak(small, "worker"), _peak(large, "worker")),
         "scheduler_mb": (_peak(small, "scheduler"), _peak(large, "scheduler")),
         "shards": tuple(s["steps"]["train"]["breakdown"]["stages"]["features"]["tasks"] for s in (small, large)),
@@ -106,13 +107,14 @@ def main(argv=None) -> int:
     n1, n2 = m["sizes"]
     get_ms = json.loads(Path(args.object_store).read_text())["ranged_get_20kb_ms"] if args.object_store else 0.0
     f1, f2 = m["flow_mb"]
+    i1, i2 = m["ingest_flow_mb"]
     (files1, bytes1), (files2, bytes2) = m["files"]
     sample = m["train_sample"] or n2
     print(f"measured (bench scale, N = {n1:,} and {n2:,}, {m['workers']} single-threaded workers, {m['rounds']} "
           f"rounds): shard stages at N = {n2:,}, core-ms an image: features {m['features_core_ms']:.0f} once, then "
           f"{m['round_core_ms']:.0f} a round ({', '.join(f'{k} {v:.0f}' for k, v in m['stages_core_ms'].items() if k != 'features')}); parallel efficiency {m['efficiency']:.2f} on {m['workers']} workers; ingest {m['ingest_core_ms']:.0f}"
-          f" core-ms an image; export {m['export_wall_ms']:.1f} ms an image; peak memory: flow {f1:.0f} -> {f2:.0f} "
-          f"MB, worker {m['worker_mb'][0]:.0f} -> {m['worker_mb'][1]:.0f} MB, scheduler {m['scheduler_mb'][0]:.0f} "
+          f" core-ms an image; export {m['export_wall_ms']:.1f} ms an image; peak memory: flow of ingest {i1:.0f} -> {i2:.0f} MB, "
+          f"of train {f1:.0f} -> {f2:.0f} MB, worker {m['worker_mb'][0]:.0f} -> {m['worker_mb'][1]:.0f} MB, scheduler {m['scheduler_mb'][0]:.0f} "
           f"-> {m['scheduler_mb'][1]:.0f} MB; store after the rerun {files1:,} -> {files2:,} files, "
           f"{bytes1 / 2 ** 30:.2f} -> {bytes2 / 2 ** 30:.2f} GB; trainers on a sample of {sample:,} images: "
           f"classifier {m['classifier_s']:.0f} s, {m['round_trainers_s']:.0f} s a round; status at most "
@@ -124,7 +126,7 @@ def main(argv=None) -> int:
           f"{args.rounds} rounds), on train_images = {args.train_images:,} images")
     print()
     print("| images | shard size, tasks a stage | store files (by shard), GB (by image; measured at "
-          f"{n1:,} and {n2:,}) | peak memory: flow / worker / scheduler | ingest on 2 / 16 / 128 workers "
+          f"{n1:,} and {n2:,}) | peak memory: flow of ingest / of train, worker, scheduler | ingest on 2 / 16 / 128 workers "
           f"| a round's shard stages on 2 / 16 / 128 workers (the features spread over {args.rounds} rounds) | trainers a round | export |")
     print("|---|---|---|---|---|---|---|---|")
     for n in args.sizes:
@@ -134,6 +136,7 @@ def main(argv=None) -> int:
         files = line(s1, files1, s2, files2, shards)  # packs, indexes and markers: by shard
         gb = line(n1, bytes1, n2, bytes2, n) / 2 ** 30
         flow = grown(n1, f1, n2, f2, n) / 1024
+        ingest_flow = grown(n1, i1, n2, i2, n) / 1024  # it holds every record of the corpus: by image
         worker_n = grown(n1, m["worker_mb"][0], n2, m["worker_mb"][1], n) / 1024
         worker_s = grown(s1, m["worker_mb"][0], s2, m["worker_mb"][1], shards) / 1024
         sched = grown(s1, m["scheduler_mb"][0], s2, m["scheduler_mb"][1], shards) / 1024  # task states: by task
@@ -145,7 +148,7 @@ def main(argv=None) -> int:
             io = n * args.gets_per_image * get_ms / 1000 / w
             stages.append(human_time(cpu + io + len(STAGES) * shards * 0.2 / w))
         trainers = per_img_trainers * min(n, args.train_images)
-        print(f"| {n:,} | {size}, {shards:,} | {files:,.0f}, {gb:,.0f} | {flow:.1f} / {worker_s:.1f} (by shard) or {worker_n:.1f} (by image) / {sched:.1f} GB "
+        print(f"| {n:,} | {size}, {shards:,} | {files:,.0f}, {gb:,.0f} | {ingest_flow:.1f} / {flow:.1f}, {worker_s:.1f} (by shard) or {worker_n:.1f} (by image), {sched:.1f} GB "
               f"| {' / '.join(ingest)} | {' / '.join(stages)} | {human_time(trainers)} "
               f"| {human_time(n * m['export_wall_ms'] / 1000)} |")
     return 0
