@@ -67,10 +67,10 @@ def system_arrow_pool() -> None:
     images with it and 10 MB higher with the system's (docs/large-corpora.md#the-manifest-read)."""
     if os.environ.get("ARROW_DEFAULT_MEMORY_POOL"):
         return
-    os.environ["ARROW_DEFAULT_MEMORY_POOL"] = "system"  # read when pyarrow is imported: the children
-    import pyarrow as pa
-
-    pa.set_memory_pool(pa.system_memory_pool())  # this process, which imported it already
+    os.environ["ARROW_DEFAULT_MEMORY_POOL"] = "system"  # read when pyarrow is imported: here later, the children
+    pa = sys.modules.get("pyarrow")
+    if pa is not None:  # imported already: its default pool is set (nothing imported for a command without it)
+        pa.set_memory_pool(pa.system_memory_pool())
 
 
 #: the loggers of the libraries under the commands, by the level they print at without --verbose

@@ -9,8 +9,8 @@ a round's shard stages on 2, 16 and 128 workers, the trainers and export.
 Every figure that grows is a straight line through the two measured sizes (one that did not grow
 stays at the larger size's): by shard (tasks a stage, at most ``max_shards``) for the store's files
 and the scheduler, whose growth follows the packs and the task states; by image for the bytes and
-the flows of ingest (which holds every record of the corpus) and train; both for a worker, whose growth between the sizes is not explained; the shard stages' CPU per image is the larger
-size's, over every round the benchmark ran, at the parallel efficiency its two workers reached
+the flows of ingest (which holds every record of the corpus) and train; both for a worker, whose
+growth between the sizes is not explained; the shard stages' CPU per image is the larger size's, over every round the benchmark ran, at the parallel efficiency its two workers reached
 (assumed to hold at 16 and 128 workers, which nothing here measured), plus 0.2 s a shard task
 (docs/benchmarks.md#shard-task-cost). The trainers learned from the benchmark's sample
 (``train_images`` of its ``--set``); their time per sampled image is carried to ``--train-images``

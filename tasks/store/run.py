@@ -1037,9 +1037,16 @@ class Store:
                       n.endswith(".json"))
 
     # ------------------------------------------------------------------ the manifest, streamed
+    #: rows of a Parquet row group: a streamed read (:meth:`manifest_batches`) holds one group's
+    #: column chunks at a time (pyarrow's default, 2^20 rows, made the manifest of 10^6 images one
+    #: group). With groups of 65536 rows a read of msrc21's manifest grew by 11 MB of Arrow buffers
+    #: at 2 x 10^4 rows and 83 MB of memory at 10^6; with 4096 rows it stays near its 10^3 figure,
+    #: while the footer that every reader parses grows by about 7 KB a group, 16 MB at 10^7 rows
+    #: (docs/large-corpora.md#the-manifest-read)
+    ROW_GROUP = 4096
     #: manifest rows a streamed read holds at a time (:meth:`manifest_batches`), as many as a row
-    #: group (:attr:`ROW_GROUP`): a batch spanning two groups would hold both groups' column chunks
-    MANIFEST_BATCH = 4096
+    #: group: a batch spanning two groups would hold both groups' column chunks
+    MANIFEST_BATCH = ROW_GROUP
     #: rows turned into Python records at a time (:meth:`manifest_records`): a batch's worth at once
     #: was about 1 KB a row of dicts and strings beside the batch
     RECORD_SLICE = 256
@@ -1305,14 +1312,6 @@ class Store:
 
     def read_table(self, path: Path) -> list[dict]:
         return self._read_parquet(path).to_pylist()
-
-    #: rows of a Parquet row group: a streamed read (:meth:`manifest_batches`) holds one group's
-    #: column chunks at a time (pyarrow's default, 2^20 rows, made the manifest of 10^6 images one
-    #: group). With groups of 65536 rows a read of msrc21's manifest grew by 11 MB of Arrow buffers
-    #: at 2 x 10^4 rows and 83 MB of memory at 10^6; with 4096 rows it stays near its 10^3 figure,
-    #: while the footer that every reader parses grows by about 7 KB a group, 16 MB at 10^7 rows
-    #: (docs/large-corpora.md#the-manifest-read)
-    ROW_GROUP = 4096
 
     def _put_parquet(self, table: pa.Table, path: Path) -> None:
         """A Parquet file: locally a temporary file renamed into place, remotely one put."""
