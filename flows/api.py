@@ -176,6 +176,8 @@ def _ingest_source(source: Path, run_dir: PathLike, *, shard_size, skip_invalid,
     if check_.rejected:
         print(f"skipping {len(check_.rejected)} of {check_.listed} listed image(s) (skip_invalid; the ingest report "
               "lists every one):", *check_.skipped_lines(), sep="\n", file=sys.stderr)
+    headers_checked = not check_.rejected
+    del check_  # the flow lists the source again: this listing is not held beside it
     _prepare(run_dir)
     from wsseg.flows.runtime import dask_cluster, on_cluster
     from wsseg.flows.wsss import ingest as ingest_flow
@@ -186,7 +188,7 @@ def _ingest_source(source: Path, run_dir: PathLike, *, shard_size, skip_invalid,
         # it does, so that it knows them). Absolute paths: an existing cluster's workers run elsewhere
         with dask_cluster(dask_address, _workers(workers), root) as address:
             return on_cluster(ingest_flow, address)(str(source.resolve()), str(root), shard_size, skip_invalid, bg,
-                                                    headers_checked=not check_.rejected, **opts)
+                                                    headers_checked=headers_checked, **opts)
 
 
 def _ingest_corrections(run_dir: PathLike, corrections: Path) -> dict:

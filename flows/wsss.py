@@ -36,7 +36,7 @@ from wsseg.tasks.runtime.progress import Progress
 from wsseg.tasks.runtime.tracking import Tracker
 from wsseg.tasks.store import ImageRecord, Store, sha256_file
 from wsseg.tasks.store.remote import is_local
-from wsseg.tasks.store.stream import Shards, ids_of
+from wsseg.tasks.store.stream import InOrder, Shards, ids_of
 from wsseg.tasks.wsss import mil
 from wsseg.tasks.wsss import pipeline as pl
 from wsseg.tasks.wsss import proposal_classifier
@@ -136,14 +136,17 @@ def wave_size(shard_size: int = 1) -> int:
     return max(2 * threads, min(WAVE, -(-WAVE_ROWS // max(shard_size, 1))))
 
 
-def run_shards(task_fn, shards, stage: str, per_shard=None, in_flight: int | None = None, **kwargs) -> list[Any]:
+def run_shards(task_fn, shards, stage: str, per_shard=None, in_flight: int | None = None, collect=None,
+               **kwargs) -> list[Any]:
     """Run one task per shard of ``shards`` (lists of ids, or of rows: :func:`stream_shards`) and
     collect the results as they finish, with terminal progress and a Prefect progress artifact.
     At most ``in_flight`` tasks (:func:`wave_size`) are submitted at a time, the next shard as
     each finishes, so a stage's arguments are not all held at once (by the flow, the Dask
     scheduler and Prefect) however many shards it has. ``per_shard(shard)``: keywords of that
     shard's task alone (what is per image goes only to its shard: every task's arguments are
-    walked and pickled)."""
+    walked and pickled). ``collect(position, result)``: called as each shard finishes (its
+    position among the shards submitted); what it returns is kept instead of the result, so that
+    a flow keeps of each shard only what it needs."""
     if not isinstance(shards, Shards):
         shards = list(shards)
     total = shards.images if isinstance(shards, Shards) else sum(len(s) for s in shards)
@@ -157,16 +160,19 @@ def run_shards(task_fn, shards, stage: str, per_shard=None, in_flight: int | Non
         if shard is None:
             return False
         ids = ids_of(shard)
-        running[task_fn.submit(ids=ids, **kwargs, **(per_shard(shard) if per_shard else {}))] = len(ids)
+        running[task_fn.submit(ids=ids, **kwargs, **(per_shard(shard) if per_shard else {}))] = (len(ids), submitted[0])
+        submitted[0] += 1
         return True
 
+    submitted = [0]
     while len(running) < bound and submit_next():
         pass
     out = []
     while running:
         fut = next(as_completed(list(running)))
-        out.append(fut.result())
-        prog.advance(running.pop(fut))
+        n, position = running.pop(fut)
+        out.append(fut.result() if collect is None else collect(position, fut.result()))
+        prog.advance(n)
         update_progress_artifact(art, 100.0 * prog.done / max(total, 1))
         submit_next()
     return out
@@ -195,31 +201,50 @@ def ingest(source: str, run_dir: str, shard_size: int = 32, skip_invalid: bool =
     check.raise_for(skip_invalid)
     ing.parse_colour(alpha_background)
     classes = check.classes
-    by_id = {it.image_id: dict(image_path=str(it.image_path), mask_path=str(it.mask_path) if it.mask_path else None,
-                               tags=list(it.tags), split=it.split, line=it.line) for it in check.items}
-    ids = list(by_id)
-    size = shard_size_for(len(ids), shard_size, MAX_SHARDS)
-    shards = [ids[i:i + size] for i in range(0, len(ids), size)]
-    Store(run_dir).drop_staged()  # a stopped ingest's staged packs are not this one's
-    results = run_shards(ingest_shard, shards, "ingest", per_shard=lambda s: {"items": {i: by_id[i] for i in s}},
-                         run_dir=run_dir, n_classes=classes.n, alpha_background=alpha_background)
+    items = check.items
+    size = shard_size_for(len(items), shard_size, MAX_SHARDS)
+    shards = [items[i:i + size] for i in range(0, len(items), size)]
     store = Store(run_dir)
+    store.drop_staged()  # a stopped ingest's staged packs and manifest are not this one's
+    # the shards' records go into the new manifest in the source's order as the shards finish:
+    # the flow holds those of the shards finished ahead of an unfinished one, not the corpus's
+    writer = store.manifest_writer()
+    in_order = InOrder(writer.add)
+
+    def collect(position: int, res: dict) -> dict:
+        in_order.put(position, res.pop("records"))
+        res.pop("written", None)
+        return res
+
+    try:
+        results = run_shards(ingest_shard, shards, "ingest", collect=collect,
+                             per_shard=lambda s: {"items": {it.image_id: dict(
+                                 image_path=str(it.image_path), mask_path=str(it.mask_path) if it.mask_path else None,
+                                 tags=list(it.tags), split=it.split, line=it.line) for it in s}},
+                             run_dir=run_dir, n_classes=classes.n, alpha_background=alpha_background)
+        counts = writer.close()
+    except BaseException:
+        writer.abort()
+        raise
     decoded = [r for res in results for r in res["rejected"]]
     staged = [i for res in results for i in res.get("staged", [])]
     if decoded and not skip_invalid:  # refused: what the shards staged goes, the stored corpus stays as it was
         store.drop_staged()
         raise ing.IngestError([p for r in decoded for p in r["problems"]], hint=ing.REFUSED_HINT)
     rejected = sorted(check.rejected + decoded, key=lambda r: (r["line"] is None, r["line"] or 0))
-    if not any(res["records"] for res in results):
+    if not counts["images"]:
         store.drop_staged()
         raise ing.IngestError([p for r in rejected for p in r["problems"]],
                               hint="(nothing was added to the corpus: every listed image was rejected)")
     settings = dict(source=str(source), max_pixels=max_pixels, min_side=min_side,
                     allow_external_links=allow_external_links, alpha_background=alpha_background,
                     skip_invalid=skip_invalid)
+    listed = check.listed
+    del check, items, shards  # the listing is not needed past here
     store.commit_staged(staged)
-    summary = ing.corpus_summary(store, results, ids, classes, skipped=len(rejected), listed=check.listed,
-                                 rejected=rejected, settings=settings)
+    summary = ing.corpus_summary(store, counts, classes, skipped=len(rejected), listed=listed, rejected=rejected,
+                                 notes=[n for res in results for n in res.get("notes", [])],
+                                 decoded=sum(res.get("decoded", 0) for res in results), settings=settings)
     create_markdown_artifact(key="corpus", markdown=markdown_table([{k: v for k, v in summary.items() if k != "warnings"}])
                              + warnings_markdown(summary["warnings"]), description="corpus summary")
     return summary

@@ -213,3 +213,45 @@ def test_a_command_takes_arrow_buffers_from_the_system_allocator_unless_the_user
     out = subprocess.run([sys.executable, "-c", code, str(tmp_path / "run")], env=env, capture_output=True,
                          text=True, timeout=120, check=True).stdout.split()
     assert out == ([chosen, chosen] if chosen else ["system", "system"])
+
+
+def test_a_manifest_written_a_shard_at_a_time_is_the_manifest_of_the_list(tmp_path):
+    """Records handed to the manifest writer in shards that finish out of order (put back in order
+    by InOrder, as the ingest flow does) give the manifest write_corpus writes of the whole list:
+    the same rows in row groups of the store's size, the same footer (each split's count and
+    corpus hash), read without a row. Until published, the manifest in place stays as it was and
+    drop_staged removes the new one."""
+    from wsseg.tasks.store import corpus_hash
+    from wsseg.tasks.store.stream import InOrder
+
+    whole = corpus(tmp_path / "a", n=1000, row_group=100)
+    records = whole.manifest()
+    store = Store(tmp_path / "b" / "run")
+    store.ROW_GROUP = 100
+    store.write_corpus(records[:3], ClassSpec(("cow", "grass", "sky")))  # the corpus before
+    shards = [records[i:i + 32] for i in range(0, len(records), 32)]
+    order = list(range(len(shards)))
+    random.Random(3).shuffle(order)
+    writer = store.manifest_writer()
+    in_order = InOrder(writer.add)
+    for position in order:  # dicts with tags as lists: what ingest_shard returns
+        in_order.put(position, [r.__dict__ | {"tags": list(r.tags)} for r in shards[position]])
+        assert len(in_order.waiting) <= len(shards)
+    assert not in_order.waiting and in_order.next == len(shards)
+    with pytest.raises(ValueError, match="given twice"):
+        in_order.put(0, [])
+    summary = writer.close()
+    assert [r.image_id for r in store.manifest()] == [r.image_id for r in records[:3]]  # not yet published
+    store.publish_manifest(ClassSpec(("cow", "grass", "sky")))
+    assert store.manifest() == records
+    assert pq.ParquetFile(store.corpus_dir / "manifest.parquet").metadata.num_row_groups == 10
+    expected = {"images": 1000, "splits": {s: {"images": len(whole.manifest(s)), "hash": corpus_hash(whole.manifest(s))}
+                                           for s in dict.fromkeys(r.split for r in records)}}
+    assert summary == store.corpus_summary() == whole.corpus_summary() == expected
+    assert not (store.corpus_dir / Store.STAGING).exists()
+    # a new manifest that is not published (a refused ingest) goes with the staging area
+    writer = store.manifest_writer()
+    writer.add(records[:5])
+    writer.close()
+    store.drop_staged()
+    assert store.manifest() == records and not (store.corpus_dir / Store.STAGING).exists()

@@ -65,17 +65,27 @@ def test_voc_layout(tmp_path, sample_dir):
 
 
 def test_corpus_changes_sorts_each_image():
+    """Each image of the new manifest's keys is added, changed (content), retagged (tags or split)
+    or unchanged against the manifest before, in the new manifest's order; the ids gone are removed."""
+    import pyarrow as pa
+
     from wsseg.tasks.corpus.ingest import corpus_changes
-    from wsseg.tasks.store import ImageRecord
 
-    def rec(i, sha, tags=("x",), split="train"):
-        return ImageRecord(i, 1, 1, tags, sha * 64, split, f"{i}.jpg", False)
+    def keys(*rows):
+        return pa.table({"image_id": [r[0] for r in rows], "sha256": [r[1] * 64 for r in rows],
+                         "tags": [list(r[2]) if len(r) > 2 else ["x"] for r in rows],
+                         "split": [r[3] if len(r) > 3 else "train" for r in rows]},
+                        schema=pa.schema([("image_id", pa.string()), ("sha256", pa.string()),
+                                          ("tags", pa.list_(pa.string())), ("split", pa.string())]))
 
-    before = [rec("a", "1"), rec("b", "2"), rec("c", "3"), rec("d", "4")]
-    now = [rec("a", "1"), rec("c", "9"), rec("d", "4", ("y",)), rec("e", "5")]
+    before = keys(("a", "1"), ("b", "2"), ("c", "3"), ("d", "4"), ("f", "6", ("x", "y")), ("g", "7"))
+    now = keys(("g", "7", ("x",), "val"), ("a", "1"), ("c", "9"), ("d", "4", ("y",)), ("e", "5"),
+               ("f", "6", ("y", "x")))
     assert corpus_changes(before, now) == {"added": ["e"], "removed": ["b"], "changed": ["c"],
-                                           "retagged": ["d"], "unchanged": ["a"]}
-    assert corpus_changes([], now)["added"] == ["a", "c", "d", "e"]
+                                           "retagged": ["g", "d", "f"]}
+    empty = keys()
+    assert corpus_changes(empty, now)["added"] == ["g", "a", "c", "d", "e", "f"]
+    assert corpus_changes(now, now) == {"added": [], "removed": [], "changed": [], "retagged": []}
 
 
 def _files(folder):

@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import csv
 import io
+import sys
 import xml.etree.ElementTree as ET
 from contextlib import contextmanager
 from dataclasses import dataclass, field
@@ -35,6 +36,7 @@ from typing import Iterable, Sequence
 
 import cv2
 import numpy as np
+import pyarrow as pa
 from PIL import Image, ImageColor, ImageOps
 
 from wsseg.tasks.store import ClassSpec, ImageRecord, Store, valid_id
@@ -72,14 +74,33 @@ class IngestError(ValueError):
         return (IngestError, (self.problems, self.hint))
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, slots=True)
 class SourceItem:
+    """One listed image. A flow holds one per image of the source while it ingests, so it is
+    small: slots, the files' paths as strings (a :class:`~pathlib.Path` each on reading), the
+    tags and split shared between images (a listing of msrc21's copies: 537 bytes an image held,
+    against 1,322 with a Path per file and a dict per item)."""
+
     image_id: str
-    image_path: Path
+    image_file: str
     tags: tuple[str, ...]
     split: str
-    mask_path: Path | None
+    mask_file: str | None
     line: int | None = None  # the row of labels.csv it comes from (None: VOC listing)
+
+    @classmethod
+    def of(cls, image_id: str, image_path: Path, tags: Iterable[str], split: str, mask_path: Path | None,
+           line: int | None = None) -> "SourceItem":
+        return cls(image_id, str(image_path), tuple(sys.intern(t) for t in tags), sys.intern(split),
+                   None if mask_path is None else str(mask_path), line)
+
+    @property
+    def image_path(self) -> Path:
+        return Path(self.image_file)
+
+    @property
+    def mask_path(self) -> Path | None:
+        return None if self.mask_file is None else Path(self.mask_file)
 
 
 @dataclass
@@ -351,7 +372,7 @@ def _read_folder(root: Path, rows: _Rows, fatal: list[str]) -> list[SourceItem]:
                 continue
             tags = tuple(t.strip() for t in row["labels"].split(";") if t.strip())
             split = (row.get("split") or "").strip() or splits.get(iid, "train")
-            items.append(rows.add(r, SourceItem(iid, img, tags, split, mask, line_no)))
+            items.append(rows.add(r, SourceItem.of(iid, img, tags, split, mask, line_no)))
     return items
 
 
@@ -396,7 +417,7 @@ def _read_voc(root: Path, rows: _Rows, fatal: list[str]) -> list[SourceItem]:
         if link:
             rows.reject_row(r, iid, img, None, link)
             continue
-        items.append(rows.add(r, SourceItem(iid, img, tags, splits.get(iid, "train"), mask)))
+        items.append(rows.add(r, SourceItem.of(iid, img, tags, splits.get(iid, "train"), mask)))
     return items
 
 
@@ -555,72 +576,96 @@ def load_mask(path: Path, shape: tuple[int, int], n_classes: int | None = None) 
 
 
 # ---------------------------------------------------------------------------- corpus
-def corpus_changes(previous: Sequence[ImageRecord], current: Sequence[ImageRecord]) -> dict[str, list[str]]:
-    """How ``current`` (the manifest an ingest is about to write) differs from ``previous`` (the
-    run directory's manifest before it; empty on a first ingest), as lists of image ids:
-    ``added`` (new ids), ``removed`` (ids no longer listed or now rejected), ``changed`` (other
-    file content: sha256), ``retagged`` (same content, other tags or split) and ``unchanged``.
+def corpus_changes(previous: "pa.Table", current: "pa.Table") -> dict[str, list[str]]:
+    """How ``current`` (the keys of the manifest an ingest is about to publish:
+    :meth:`tasks.store.Store.manifest_keys`) differs from ``previous`` (the run directory's before),
+    as lists of image ids in each manifest's order: ``added`` (new ids), ``removed`` (ids no longer
+    listed or now rejected), ``changed`` (other file content: sha256) and ``retagged`` (same content,
+    other tags or split); the other images are unchanged. Compared column by column in Arrow: about
+    130 bytes an image of each manifest are held, not a Python record each.
 
-    >>> a = ImageRecord("a", 1, 1, ("x",), "1" * 64, "train", "a.jpg", False)
-    >>> b = ImageRecord("b", 1, 1, ("x",), "2" * 64, "train", "b.jpg", False)
-    >>> c = ImageRecord("c", 1, 1, ("x",), "3" * 64, "train", "c.jpg", False)
-    >>> ch = corpus_changes([a, b], [a, c])
-    >>> ch["added"], ch["removed"], ch["unchanged"]
-    (['c'], ['b'], ['a'])
+    >>> import pyarrow as pa
+    >>> def keys(*rows):
+    ...     return pa.table({"image_id": [r[0] for r in rows], "sha256": [r[1] for r in rows],
+    ...                      "tags": [["x"]] * len(rows), "split": ["train"] * len(rows)})
+    >>> ch = corpus_changes(keys(("a", "1"), ("b", "2")), keys(("a", "1"), ("c", "3")))
+    >>> ch["added"], ch["removed"], ch["changed"], ch["retagged"]
+    (['c'], ['b'], [], [])
     """
-    before = {r.image_id: r for r in previous}
-    now = {r.image_id for r in current}
-    out: dict[str, list[str]] = {k: [] for k in ("added", "removed", "changed", "retagged", "unchanged")}
-    for r in current:
-        old = before.get(r.image_id)
-        kind = ("added" if old is None else "changed" if old.sha256 != r.sha256 else
-                "retagged" if (old.tags, old.split) != (r.tags, r.split) else "unchanged")
-        out[kind].append(r.image_id)
-    out["removed"] = [i for i in before if i not in now]
-    return out
+    import pyarrow.compute as pc
+
+    before = previous["image_id"].combine_chunks()
+    ids = current["image_id"].combine_chunks()
+    at = pc.index_in(ids, value_set=before)
+    added = pc.is_null(at)
+    old = previous.take(at)  # a null index takes a null row: an added image's old keys are null
+
+    def differs(column: str) -> "pa.Array":
+        a, b = current[column], old[column]
+        if pa.types.is_list(a.type):  # tags: compared as one string each (a ';' never is in a tag)
+            a, b = pc.binary_join(a, ";"), pc.binary_join(b, ";")
+        return pc.fill_null(pc.not_equal(a, b), False)
+
+    changed = differs("sha256")
+    retagged = pc.and_(pc.invert(changed), pc.or_(differs("tags"), differs("split")))
+    gone = pc.invert(pc.is_in(before, value_set=ids))
+    return {"added": ids.filter(added).to_pylist(), "removed": before.filter(gone).to_pylist(),
+            "changed": ids.filter(changed).to_pylist(), "retagged": ids.filter(retagged).to_pylist()}
 
 
-def corpus_summary(store: Store, results: list[dict], ids: list[str], classes: ClassSpec, *, skipped: int,
-                   listed: int | None = None, rejected: Sequence[dict] = (), settings: dict | None = None) -> dict:
-    """Write the corpus manifest from the ingest shards' ``results`` (records in the source's
-    order ``ids``) and the ingest report, and return the summary: images, skipped, listed,
-    problems, classes, implicit background, splits, composited (images with transparency),
-    ``changes`` against the run directory's corpus before (counts of :func:`corpus_changes`,
-    ``decoded``: images whose pixels were read, the others kept their stored arrays; ``classes``
-    when the class list changed) and the report's path. ``images + skipped == listed``, or
-    RuntimeError.
+def corpus_summary(store: Store, written: dict, classes: ClassSpec, *, skipped: int, listed: int | None = None,
+                   rejected: Sequence[dict] = (), notes: Sequence[str] = (), decoded: int = 0,
+                   settings: dict | None = None) -> dict:
+    """Publish the corpus manifest the ingest shards' records were written to (in the source's
+    order, by :meth:`tasks.store.Store.manifest_writer`; ``written``: its summary) and write the
+    ingest report; return the summary: images, skipped, listed, problems, classes, implicit
+    background, splits, composited (images with transparency: ``notes``), ``changes`` against the
+    run directory's corpus before (counts of :func:`corpus_changes`, ``decoded``: images whose
+    pixels were read, the others kept their stored arrays; ``classes`` when the class list changed)
+    and the report's path. ``images + skipped == listed``, or RuntimeError. The report lists the ids
+    of each change, except on a first ingest, where every image is added.
 
     Again on a run directory that holds a corpus, only new and changed images were decoded and
     written by the shards; here the removed images leave the corpus, and the round arrays
     (preliminary results, pseudo-labels) of removed, changed and retagged images are dropped,
-    so that ``wsseg refresh`` labels them again and nothing stale is evaluated."""
-    order = {iid: i for i, iid in enumerate(ids)}
-    recs = sorted((ImageRecord(**(r | {"tags": tuple(r["tags"])})) for res in results for r in res["records"]),
-                  key=lambda r: order[r.image_id])
-    listed = len(recs) + skipped if listed is None else listed
-    if len(recs) + skipped != listed:
-        raise RuntimeError(f"ingest counts do not reconcile: {len(recs)} ingested + {skipped} rejected "
+    so that ``wsseg refresh`` labels them again and nothing stale is evaluated. Only the
+    manifests' key columns are held (:func:`corpus_changes`), none on a first ingest."""
+    images = written["images"]
+    listed = images + skipped if listed is None else listed
+    if images + skipped != listed:
+        raise RuntimeError(f"ingest counts do not reconcile: {images} ingested + {skipped} rejected "
                            f"!= {listed} listed")
-    notes = [n for res in results for n in res.get("notes", [])]
-    previous = store.manifest() if store.has_corpus() else []
-    before_classes = store.classes() if store.has_corpus() else None
-    changes = corpus_changes(previous, recs)
-    store.drop_labels(changes["removed"] + changes["changed"] + changes["retagged"])
-    # a correction is of the pixels and the tags it was made for: kept for a retagged image only
-    # while its classes are still among the image's tags (tasks.labels.corrections)
-    tags_now = {r.image_id: set(r.tags) | ({classes.names[classes.background]} if classes.background is not None
-                                          else set()) for r in recs}
-    corrected = store.corrections()
-    stale = [i for i in changes["retagged"] if i in corrected and not set(corrected[i]["classes"]) <= tags_now[i]]
-    dropped_corrections = store.drop_corrections(changes["removed"] + changes["changed"] + stale)
-    store.drop_images(changes["removed"])
-    store.write_corpus(recs, classes)
-    splits: dict[str, int] = {}
-    for r in recs:
-        splits[r.split] = splits.get(r.split, 0) + 1
+    first = not store.has_corpus()
+    before_classes = None if first else store.classes()
+    dropped_corrections: list[str] = []
+    if first:
+        changes: dict[str, list[str]] = {"added": [], "removed": [], "changed": [], "retagged": []}
+        counts = {"added": images, "removed": 0, "changed": 0, "retagged": 0, "unchanged": 0}
+    else:
+        current = store.manifest_keys(staged=True)
+        changes = corpus_changes(store.manifest_keys(), current)
+        counts = {k: len(v) for k, v in changes.items()}
+        counts["unchanged"] = images - counts["added"] - counts["changed"] - counts["retagged"]
+        store.drop_labels(changes["removed"] + changes["changed"] + changes["retagged"])
+        # a correction is of the pixels and the tags it was made for: kept for a retagged image only
+        # while its classes are still among the image's tags (tasks.labels.corrections)
+        corrected = store.corrections()
+        check = [i for i in changes["retagged"] if i in corrected]
+        stale = []
+        if check:
+            import pyarrow.compute as pc
+
+            rows = current.filter(pc.is_in(current["image_id"], value_set=pa.array(check)))
+            bg = {classes.names[classes.background]} if classes.background is not None else set()
+            for iid, tags in zip(rows["image_id"].to_pylist(), rows["tags"].to_pylist()):
+                if not set(corrected[iid]["classes"]) <= set(tags) | bg:
+                    stale.append(iid)
+        del current
+        dropped_corrections = store.drop_corrections(changes["removed"] + changes["changed"] + stale)
+        store.drop_images(changes["removed"])
+    store.publish_manifest(classes)
     problems = sum(len(r["problems"]) for r in rejected)
-    counts = {k: len(v) for k, v in changes.items()}
-    counts["decoded"] = sum(res.get("decoded", 0) for res in results)
+    counts["decoded"] = decoded
     if before_classes is not None and before_classes != classes:
         counts["classes"] = {"before": list(before_classes.names), "now": list(classes.names)}
         from wsseg.tasks.labels.corrections import remap_corrections
@@ -629,14 +674,16 @@ def corpus_summary(store: Store, results: list[dict], ids: list[str], classes: C
     if dropped_corrections:
         counts["corrections_dropped"] = sorted(dropped_corrections)
     report = store.write_ingest_report({
-        "listed": listed, "ingested": len(recs), "rejected": skipped, "problems": problems,
+        "listed": listed, "ingested": images, "rejected": skipped, "problems": problems,
         "settings": settings or {}, "changes": counts,
-        "changed_images": {k: v for k, v in changes.items() if k != "unchanged"},
-        "rejected_images": list(rejected), "notes": notes})
+        "changed_images": {} if first else changes,
+        "rejected_images": list(rejected), "notes": list(notes)})
     from wsseg.tasks.corpus.tags import contrast_warnings, tag_statistics
 
-    warnings = contrast_warnings(tag_statistics([r.tags for r in recs], classes.names, classes.background))
-    return {"images": len(recs), "skipped": skipped, "classes": len(classes.names),
+    tags = (t for b in store.manifest_batches(columns=["tags"]) for t in b.column("tags").to_pylist())
+    warnings = contrast_warnings(tag_statistics(tags, classes.names, classes.background))
+    return {"images": images, "skipped": skipped, "classes": len(classes.names),
             "implicit_background": classes.names[classes.background] if classes.background is not None else None,
-            "splits": splits, "listed": listed, "problems": problems, "composited": len(notes),
-            "changes": counts, "warnings": warnings, "report": str(report)}
+            "splits": {k: v["images"] for k, v in written["splits"].items()}, "listed": listed,
+            "problems": problems, "composited": len(notes), "changes": counts, "warnings": warnings,
+            "report": str(report)}

@@ -405,21 +405,48 @@ class Store:
     def corpus_dir(self) -> Path:
         return self.root / "corpus"
 
-    def write_corpus(self, records: list[ImageRecord], classes: ClassSpec) -> None:
+    def write_corpus(self, records: Iterable[ImageRecord], classes: ClassSpec) -> None:
         """The manifest and the class list. The manifest's footer also records the counts and
         the content hash of each split (:meth:`corpus_summary`): `wsseg status` reads those
-        without reading the manifest's rows."""
-        splits: dict[str, list[ImageRecord]] = {}
-        for r in records:
-            splits.setdefault(r.split, []).append(r)
-        summary = {"images": len(records), "splits": {k: {"images": len(v), "hash": corpus_hash(v)}
-                                                       for k, v in splits.items()}}
-        schema = MANIFEST_SCHEMA.with_metadata({b"wsseg": json.dumps(summary).encode()})
-        table = pa.Table.from_pylist([r.__dict__ | {"tags": list(r.tags)} for r in records], schema=schema)
-        self._put_parquet(table, self.corpus_dir / "manifest.parquet")
+        without reading the manifest's rows. ``records`` are read once, a row group at a time."""
+        writer = self.manifest_writer()
+        try:
+            writer.add(records)
+            writer.close()
+        except BaseException:
+            writer.abort()
+            raise
+        self.publish_manifest(classes)
+
+    @property
+    def _staged_manifest(self) -> Path:
+        return self.corpus_dir / self.STAGING / "manifest.parquet"
+
+    def manifest_writer(self):
+        """A :class:`tasks.store.stream.ManifestWriter` of a new manifest, written into the staging
+        area (a refused or stopped ingest's goes with :meth:`drop_staged`) until
+        :meth:`publish_manifest` puts it in place."""
+        from wsseg.tasks.store.stream import ManifestWriter
+
+        return ManifestWriter(self._staged_manifest, self.ROW_GROUP)
+
+    def publish_manifest(self, classes: ClassSpec) -> None:
+        """Put the manifest :meth:`manifest_writer` wrote in place (a rename locally), with the
+        class list, and count the corpus's files (:meth:`record_corpus_usage`)."""
+        from wsseg.tasks.store.remote import replace, rmtree
+
+        replace(self._staged_manifest, self.corpus_dir / "manifest.parquet")
+        rmtree(self.corpus_dir / self.STAGING)
         _atomic_write_text(self.corpus_dir / "classes.json",
                            json.dumps({"names": list(classes.names), "background": classes.background}, indent=1))
         self.record_corpus_usage()
+
+    def manifest_keys(self, staged: bool = False) -> pa.Table:
+        """The columns of the manifest that say what an image is (image_id, sha256, tags, split),
+        of the manifest in place or (``staged``) of the one :meth:`manifest_writer` wrote: what an
+        ingest compares (:func:`tasks.corpus.ingest.corpus_changes`), about 130 bytes an image."""
+        path = self._staged_manifest if staged else self.corpus_dir / "manifest.parquet"
+        return self._read_parquet(path, columns=["image_id", "sha256", "tags", "split"])
 
     def write_ingest_report(self, report: dict) -> Path:
         """``corpus/ingest_report.json``: what an ingest listed, ingested and rejected (and why)."""
@@ -458,12 +485,14 @@ class Store:
         manifest's footer (no row read), or None for a manifest written before it was recorded."""
         path = self.corpus_dir / "manifest.parquet"
         try:
+            # the file's key-value metadata: where a streamed writer's footer puts it
+            # (tasks.store.stream.ManifestWriter), and where a table's schema metadata also went
             if is_local(path):
-                schema = pq.read_schema(path)
+                meta = pq.read_metadata(path)
             else:
                 with path.fs.open(path.path, "rb") as f:
-                    schema = pq.read_schema(f)
-            raw = (schema.metadata or {}).get(b"wsseg")
+                    meta = pq.read_metadata(f)
+            raw = (meta.metadata or {}).get(b"wsseg")
             return json.loads(raw) if raw else None
         except FileNotFoundError:
             raise
@@ -563,11 +592,11 @@ class Store:
             self._drop_legacy("masks", [i for i in image_ids if i in new_images or i in new_masks])
         for kind in ("images", "masks"):
             packs.publish(self._corpus_group(kind), self._corpus_staging(kind))
-        self.drop_staged()
+        self._drop_staged_packs()  # the staged manifest waits for publish_manifest
 
-    def drop_staged(self) -> None:
-        """Remove the staging area: the staged packs (what a refused or stopped ingest wrote), and
-        a corpus group or folder they alone made."""
+    def _drop_staged_packs(self) -> None:
+        """Remove the staged packs (what a refused or stopped ingest wrote) and a corpus group they
+        alone made."""
         from wsseg.tasks.store.remote import listdir, rmtree
 
         for kind in ("images", "masks"):
@@ -576,6 +605,14 @@ class Store:
             if not any(n.endswith(".json") for n in listdir(group / "packs")):
                 rmtree(group)
                 packs.forget(group)
+            rmtree(self._corpus_staging(kind))
+
+    def drop_staged(self) -> None:
+        """Remove the staging area: the staged packs and manifest (what a refused or stopped ingest
+        wrote), and a corpus group or folder they alone made."""
+        from wsseg.tasks.store.remote import rmtree
+
+        self._drop_staged_packs()
         rmtree(self.corpus_dir / self.STAGING)
         if not self.remote and self.corpus_dir.is_dir() and not any(self.corpus_dir.iterdir()):
             self.corpus_dir.rmdir()
@@ -1325,13 +1362,13 @@ class Store:
         pq.write_table(table, tmp, write_page_checksum=True, row_group_size=self.ROW_GROUP)
         os.replace(tmp, path)
 
-    def _read_parquet(self, path: Path) -> pa.Table:
-        """A Parquet table; :class:`DamagedFileError` when it does not read (the pages' CRC-32 are
-        checked where the file carries them: those this store writes do)."""
+    def _read_parquet(self, path: Path, columns: Sequence[str] | None = None) -> pa.Table:
+        """A Parquet table (only ``columns``, when given); :class:`DamagedFileError` when it does not
+        read (the pages' CRC-32 are checked where the file carries them: those this store writes do)."""
         try:
             if is_local(path):
-                return pq.read_table(path, page_checksum_verification=True)
-            return pq.read_table(pa.BufferReader(path.read_bytes()), page_checksum_verification=True)
+                return pq.read_table(path, columns=columns, page_checksum_verification=True)
+            return pq.read_table(pa.BufferReader(path.read_bytes()), columns=columns, page_checksum_verification=True)
         except FileNotFoundError:
             raise
         except (pa.ArrowException, OSError) as e:

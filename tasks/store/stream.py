@@ -6,10 +6,14 @@ and reads them again, a Parquet batch at a time (:meth:`Store.manifest_records`)
 iterated; :class:`Shards` cuts any such rows (or a list) into the shards
 :func:`flows.wsss.shards_of` makes of the same rows, one shard at a time, so that a stage's tasks
 can be submitted while the rows of the shards not yet submitted are still on disk.
+
+The other way, :class:`ManifestWriter` writes a new manifest a shard's records at a time (an
+ingest's shards, put back in the source's order by :class:`InOrder` as they finish): a flow that
+gathered every shard's records first held about 6 KB an image.
 """
 from __future__ import annotations
 
-from typing import Callable, Iterable, Iterator, Sequence
+from typing import Any, Callable, Iterable, Iterator, Sequence
 
 import numpy as np
 
@@ -148,3 +152,105 @@ class KeptRows:
 def ids_of(shard: Sequence) -> list[str]:
     """The image ids of a shard of rows or of ids."""
     return [x if isinstance(x, str) else x.image_id for x in shard]
+
+
+class ManifestWriter:
+    """A corpus manifest written a shard's records at a time, in the order they are added, so that
+    its writer (the ingest flow) never holds more than one row group of them: rows go out in
+    groups of ``row_group`` (:attr:`Store.ROW_GROUP`); the footer's summary (the images of each
+    split and their :func:`corpus_hash`, which `wsseg status` reads without a row) is accumulated
+    on the way and written by :meth:`close`.
+
+    ``path``: the file, local or on object storage (written as it goes, as one object). An ingest
+    writes it into its staging area and :meth:`Store.publish_manifest` puts it in place once the
+    ingest is accepted. Records are :class:`ImageRecord` or dicts of its fields (tags as a list or
+    tuple)."""
+
+    def __init__(self, path, row_group: int):
+        import pyarrow.parquet as pq
+
+        from wsseg.tasks.store.remote import is_local
+        from wsseg.tasks.store.run import MANIFEST_SCHEMA
+
+        self.schema, self.row_group = MANIFEST_SCHEMA, row_group
+        if is_local(path):
+            path.parent.mkdir(parents=True, exist_ok=True)
+            self._file = None
+        else:
+            self._file = path.fs.open(path.path, "wb")
+        self._writer = pq.ParquetWriter(str(path) if self._file is None else self._file, MANIFEST_SCHEMA,
+                                        write_page_checksum=True)
+        self._rows: list[dict] = []
+        self._hash: dict[str, Any] = {}
+        self._count: dict[str, int] = {}
+        self.images = 0
+
+    def add(self, records: Iterable) -> None:
+        import hashlib
+
+        for r in records:
+            r = dict(r.__dict__) if hasattr(r, "__dict__") else dict(r)
+            r["tags"] = list(r["tags"])
+            split = r["split"]
+            if split not in self._hash:
+                self._hash[split], self._count[split] = hashlib.sha256(), 0
+            # the line corpus_hash hashes (tasks.store.run.corpus_hash): the same digest, record by record
+            self._hash[split].update(f"{r['image_id']}\t{r['sha256']}\t{';'.join(r['tags'])}\t{split}\n".encode())
+            self._count[split] += 1
+            self.images += 1
+            self._rows.append(r)
+            if len(self._rows) == self.row_group:
+                self._flush()
+
+    def _flush(self) -> None:
+        import pyarrow as pa
+
+        if self._rows:
+            self._writer.write_table(pa.Table.from_pylist(self._rows, schema=self.schema), row_group_size=self.row_group)
+            self._rows = []
+
+    @property
+    def summary(self) -> dict:
+        """``{"images": n, "splits": {split: {"images": k, "hash": corpus_hash}}}`` of the rows added."""
+        return {"images": self.images, "splits": {k: {"images": self._count[k], "hash": h.hexdigest()[:16]}
+                                                  for k, h in self._hash.items()}}
+
+    @property
+    def splits(self) -> dict[str, int]:
+        return dict(self._count)
+
+    def close(self) -> dict:
+        """Write the last rows and the footer; returns :attr:`summary`."""
+        import json
+
+        self._flush()
+        self._writer.add_key_value_metadata({"wsseg": json.dumps(self.summary)})
+        self._writer.close()
+        if self._file is not None:
+            self._file.close()
+        return self.summary
+
+    def abort(self) -> None:
+        """Close the file unfinished (an ingest that failed: :meth:`Store.drop_staged` removes it)."""
+        for close in (self._writer.close, *(() if self._file is None else (self._file.close,))):
+            try:
+                close()
+            except Exception:  # noqa: BLE001  (a writer that failed half-way: its file is discarded)
+                pass
+
+
+class InOrder:
+    """Hands ``sink`` the items given to :meth:`put` by position (0, 1, 2, ...) in that order, each
+    as soon as every one before it has come: shards finish in any order, their records go into
+    the manifest in the source's. Holds only the items that came ahead of a missing one."""
+
+    def __init__(self, sink: Callable[[Any], None]):
+        self.sink, self.next, self.waiting = sink, 0, {}
+
+    def put(self, position: int, item: Any) -> None:
+        if position < self.next or position in self.waiting:
+            raise ValueError(f"position {position} given twice")
+        self.waiting[position] = item
+        while self.next in self.waiting:
+            self.sink(self.waiting.pop(self.next))
+            self.next += 1
