@@ -156,7 +156,10 @@ def test_ingest_again_and_refresh_label_only_what_is_new(tmp_path, prefect_harne
 
     src = copy_sample(tmp_path / "src", FIRST)
     run = tmp_path / "run"
-    ingest(str(src), str(run))
+    first = ingest(str(src), str(run))
+    assert first["changes"]["added"] == len(FIRST) and first["changes"]["unchanged"] == 0
+    # a first ingest adds every image: its report lists no ids (10^7 of them would be the report)
+    assert json.loads((run / "corpus" / "ingest_report.json").read_text())["changed_images"] == {}
     _train(run)
     store = Store(run)
     model_stamp = (run / "rounds" / "r000" / "model.pt").stat().st_mtime_ns
