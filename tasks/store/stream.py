@@ -206,7 +206,8 @@ class ManifestWriter:
         import pyarrow as pa
 
         if self._rows:
-            self._writer.write_table(pa.Table.from_pylist(self._rows, schema=self.schema), row_group_size=self.row_group)
+            table = pa.Table.from_pylist(self._rows, schema=self.schema)
+            self._writer.write_table(table, row_group_size=self.row_group)
             self._rows = []
 
     @property
