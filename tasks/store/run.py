@@ -428,7 +428,7 @@ class Store:
         :meth:`publish_manifest` puts it in place."""
         from wsseg.tasks.store.stream import ManifestWriter
 
-        return ManifestWriter(self._staged_manifest, self.ROW_GROUP)
+        return ManifestWriter(self._staged_manifest, MANIFEST_SCHEMA, self.ROW_GROUP)
 
     def publish_manifest(self, classes: ClassSpec) -> None:
         """Put the manifest :meth:`manifest_writer` wrote in place (a rename locally), with the

@@ -161,24 +161,24 @@ class ManifestWriter:
     split and their :func:`corpus_hash`, which `wsseg status` reads without a row) is accumulated
     on the way and written by :meth:`close`.
 
-    ``path``: the file, local or on object storage (written as it goes, as one object). An ingest
+    ``path``: the file, local or on object storage (written as it goes, as one object); ``schema``:
+    the manifest's (:data:`tasks.store.run.MANIFEST_SCHEMA`, given by the store). An ingest
     writes it into its staging area and :meth:`Store.publish_manifest` puts it in place once the
     ingest is accepted. Records are :class:`ImageRecord` or dicts of its fields (tags as a list or
     tuple)."""
 
-    def __init__(self, path, row_group: int):
+    def __init__(self, path, schema, row_group: int):
         import pyarrow.parquet as pq
 
         from wsseg.tasks.store.remote import is_local
-        from wsseg.tasks.store.run import MANIFEST_SCHEMA
 
-        self.schema, self.row_group = MANIFEST_SCHEMA, row_group
+        self.schema, self.row_group = schema, row_group
         if is_local(path):
             path.parent.mkdir(parents=True, exist_ok=True)
             self._file = None
         else:
             self._file = path.fs.open(path.path, "wb")
-        self._writer = pq.ParquetWriter(str(path) if self._file is None else self._file, MANIFEST_SCHEMA,
+        self._writer = pq.ParquetWriter(str(path) if self._file is None else self._file, schema,
                                         write_page_checksum=True)
         self._rows: list[dict] = []
         self._hash: dict[str, Any] = {}
