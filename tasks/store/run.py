@@ -76,6 +76,7 @@ if TYPE_CHECKING:  # torch, zarr and scipy load only where they are used: `wsseg
 from wsseg.tasks.store import chunked, packs
 from wsseg.tasks.store.damage import DamagedFileError
 from wsseg.tasks.store.remote import entries, is_local, is_remote_url, local_copy, remote_root, state_dir_for
+from wsseg.tasks.store.stream import corpus_line
 
 _ID_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]*$")
 
@@ -1396,7 +1397,7 @@ def corpus_hash(records: Iterable[ImageRecord]) -> str:
     splits, in order (the order the trainers see them in)."""
     h = hashlib.sha256()
     for r in records:
-        h.update(f"{r.image_id}\t{r.sha256}\t{';'.join(r.tags)}\t{r.split}\n".encode())
+        h.update(corpus_line(r.image_id, r.sha256, r.tags, r.split))
     return h.hexdigest()[:16]
 
 

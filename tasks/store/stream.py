@@ -149,6 +149,12 @@ class KeptRows:
         return len(self.rows) if self.kept is None else int(self.kept.sum())  # type: ignore[arg-type]
 
 
+def corpus_line(image_id: str, sha256: str, tags: Iterable[str], split: str) -> bytes:
+    """What a corpus hash takes of one record (:func:`tasks.store.run.corpus_hash`,
+    :class:`ManifestWriter`'s footer): its id, file sha256, tags and split."""
+    return f"{image_id}\t{sha256}\t{';'.join(tags)}\t{split}\n".encode()
+
+
 def ids_of(shard: Sequence) -> list[str]:
     """The image ids of a shard of rows or of ids."""
     return [x if isinstance(x, str) else x.image_id for x in shard]
@@ -183,7 +189,6 @@ class ManifestWriter:
         self._rows: list[dict] = []
         self._hash: dict[str, Any] = {}
         self._count: dict[str, int] = {}
-        self.images = 0
 
     def add(self, records: Iterable) -> None:
         import hashlib
@@ -194,10 +199,9 @@ class ManifestWriter:
             split = r["split"]
             if split not in self._hash:
                 self._hash[split], self._count[split] = hashlib.sha256(), 0
-            # the line corpus_hash hashes (tasks.store.run.corpus_hash): the same digest, record by record
-            self._hash[split].update(f"{r['image_id']}\t{r['sha256']}\t{';'.join(r['tags'])}\t{split}\n".encode())
+            # corpus_hash's digest (tasks.store.run.corpus_hash), record by record
+            self._hash[split].update(corpus_line(r["image_id"], r["sha256"], r["tags"], split))
             self._count[split] += 1
-            self.images += 1
             self._rows.append(r)
             if len(self._rows) == self.row_group:
                 self._flush()
@@ -213,12 +217,8 @@ class ManifestWriter:
     @property
     def summary(self) -> dict:
         """``{"images": n, "splits": {split: {"images": k, "hash": corpus_hash}}}`` of the rows added."""
-        return {"images": self.images, "splits": {k: {"images": self._count[k], "hash": h.hexdigest()[:16]}
-                                                  for k, h in self._hash.items()}}
-
-    @property
-    def splits(self) -> dict[str, int]:
-        return dict(self._count)
+        return {"images": sum(self._count.values()),
+                "splits": {k: {"images": self._count[k], "hash": h.hexdigest()[:16]} for k, h in self._hash.items()}}
 
     def close(self) -> dict:
         """Write the last rows and the footer; returns :attr:`summary`."""
